@@ -1,0 +1,1 @@
+"""espnet3-prefect."""

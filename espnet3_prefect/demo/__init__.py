@@ -1,0 +1,1 @@
+"""Self-contained demo recipes (synthetic data + small real models, no downloads)."""

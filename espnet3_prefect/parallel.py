@@ -1,0 +1,215 @@
+"""The ESPnet3 ``parallel`` block, validated, turned into a prefect-dask ``DaskTaskRunner``.
+
+``env`` picks the Dask cluster class, ``n_workers`` how many workers (or jobs) it starts,
+``options`` go to the cluster class unchanged. ``address`` connects to a running scheduler.
+Everything is checked before any cluster starts; optional backends are imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import ConfigError, MissingExtraError
+
+# env -> (cluster class, pip extra that provides it)
+BACKENDS: dict[str, tuple[str, str | None]] = {
+    "local": ("distributed.LocalCluster", None),
+    "local_gpu": ("dask_cuda.LocalCUDACluster", "gpu"),
+    "slurm": ("dask_jobqueue.SLURMCluster", "slurm"),
+    "pbs": ("dask_jobqueue.PBSCluster", "pbs"),
+    "sge": ("dask_jobqueue.SGECluster", "sge"),
+    "lsf": ("dask_jobqueue.LSFCluster", "lsf"),
+    "htcondor": ("dask_jobqueue.HTCondorCluster", "htcondor"),
+    "moab": ("dask_jobqueue.MoabCluster", "moab"),
+    "oar": ("dask_jobqueue.OARCluster", "oar"),
+    "ssh": ("distributed.SSHCluster", "ssh"),
+    "kube": ("dask_kubernetes.operator.KubeCluster", "kube"),
+}
+JOBQUEUE_ENVS = ("slurm", "pbs", "sge", "lsf", "htcondor", "moab", "oar")
+TOP_LEVEL_KEYS = ("env", "n_workers", "options", "address", "num_shards")
+# Options that only mean something to a batch scheduler; a classic copy-paste mistake under local.
+SCHEDULER_ONLY = (
+    "queue", "account", "project", "walltime", "job_extra", "job_extra_directives",
+    "job_script_prologue", "env_extra", "job_directives_skip", "header_skip", "job_cpu",
+    "job_mem", "resource_spec", "log_directory", "shebang", "job_name", "cores", "memory",
+)
+SSH_OPTIONS = ("hosts", "connect_options", "worker_options", "scheduler_options",
+               "worker_class", "remote_python")
+_RUNNER_MANAGED = ("asynchronous", "loop", "start")
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """A validated ``parallel`` block.
+
+    >>> ParallelSpec.from_config({"env": "local", "n_workers": 2}).n_workers
+    2
+    """
+
+    env: str = "local"
+    n_workers: int = 1
+    options: Mapping[str, Any] = field(default_factory=dict)
+    address: str | None = None
+    num_shards: int | None = None
+
+    @classmethod
+    def from_config(cls, block: Mapping[str, Any] | None) -> "ParallelSpec":
+        """Validate a plain-dict ``parallel`` block; ``None`` means local with one worker."""
+        block = dict(block or {})
+        unknown = sorted(set(block) - set(TOP_LEVEL_KEYS))
+        if unknown:
+            raise ConfigError(f"parallel.{unknown[0]}: unknown key; valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+        address = block.get("address")
+        if address is not None:
+            return cls._remote(block, address)
+        env = block.get("env", "local")
+        if env not in BACKENDS:
+            raise ConfigError(f"parallel.env: unknown backend {env!r}; valid values: {', '.join(BACKENDS)}")
+        n_workers = _positive_int("parallel.n_workers", block.get("n_workers", 1))
+        num_shards = block.get("num_shards")
+        if num_shards is not None:
+            num_shards = _positive_int("parallel.num_shards", num_shards)
+        options = block.get("options") or {}
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"parallel.options: must be a mapping, got {type(options).__name__}")
+        _check_options(env, dict(options))
+        return cls(env=env, n_workers=n_workers, options=dict(options), num_shards=num_shards)
+
+    @classmethod
+    def _remote(cls, block: dict, address: Any) -> "ParallelSpec":
+        if not isinstance(address, str) or "://" not in address:
+            raise ConfigError(f"parallel.address: {address!r} is not a scheduler address like tcp://host:8786")
+        for key in ("env", "options"):
+            if block.get(key):
+                raise ConfigError(f"parallel.{key}: conflicts with parallel.address (a running scheduler has its own workers)")
+        n_workers = _positive_int("parallel.n_workers", block.get("n_workers", 1))
+        num_shards = block.get("num_shards")
+        num_shards = None if num_shards is None else _positive_int("parallel.num_shards", num_shards)
+        return cls(env="address", n_workers=n_workers, address=address, num_shards=num_shards)
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{key}: must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_options(env: str, options: dict) -> None:
+    for key in _RUNNER_MANAGED:
+        if key in options:
+            raise ConfigError(f"parallel.options.{key}: managed by espnet3-prefect, remove it")
+    if "n_workers" in options:
+        raise ConfigError("parallel.options.n_workers: set parallel.n_workers instead")
+    if env in ("local", "local_gpu", "ssh"):
+        for key in options:
+            if key in SCHEDULER_ONLY:
+                raise ConfigError(
+                    f"parallel.options.{key}: a batch-scheduler option, not valid with env {env!r} "
+                    f"(it belongs under env: {'/'.join(JOBQUEUE_ENVS)})")
+    valid = _valid_options(env)
+    if valid is None:
+        return
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise ConfigError(f"parallel.options.{unknown[0]}: not an option of env {env!r}; valid options: {', '.join(sorted(valid))}")
+
+
+def _valid_options(env: str) -> set[str] | None:
+    """Keyword names the backend accepts, read from its signatures; None where we cannot tell."""
+    if env == "ssh":
+        return set(SSH_OPTIONS)
+    if env == "local":
+        from distributed import LocalCluster, Nanny, Worker
+        classes = [LocalCluster, Nanny, Worker]
+    elif env in JOBQUEUE_ENVS:
+        cluster = load_cluster_class(env)
+        from dask_jobqueue.core import Job, JobQueueCluster
+        classes = [JobQueueCluster, cluster, cluster.job_cls, Job]
+    else:  # local_gpu, kube: accept what the installed package accepts, checked when it starts
+        return None
+    names = set()
+    for cls in classes:
+        names |= {p.name for p in inspect.signature(cls.__init__).parameters.values()
+                  if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return names - {"self", "scheduler", "n_workers", "job_cls", *_RUNNER_MANAGED}
+
+
+def load_cluster_class(env: str):
+    """Import the cluster class for ``env``; a missing package names the pip extra to install."""
+    dotted, extra = BACKENDS[env]
+    module_name, _, attr = dotted.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+        if env == "ssh":
+            importlib.import_module("asyncssh")
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or module_name
+        raise MissingExtraError(
+            f"parallel.env {env!r} needs the package {missing!r}: pip install \"espnet3-prefect[{extra}]\""
+        ) from None
+    return getattr(module, attr)
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    from ._proc import CommandError, run_command
+    try:
+        out = run_command(["nvidia-smi", "-L"], timeout_s=20).stdout
+    except CommandError:
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def check_gpu_count(n_workers: int, visible: int) -> None:
+    """``local_gpu`` runs one worker per GPU: more workers than visible GPUs is an error."""
+    if n_workers > visible:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        raise ConfigError(
+            f"parallel.n_workers: {n_workers} exceeds the {visible} visible GPU(s) for env 'local_gpu' "
+            f"(CUDA_VISIBLE_DEVICES={shown})")
+
+
+def cluster_kwargs(spec: ParallelSpec) -> dict[str, Any]:
+    """Keyword arguments for the cluster class: our loopback-safe defaults, then the user's options."""
+    options = dict(spec.options)
+    if spec.env in ("local", "local_gpu"):
+        defaults = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+        if spec.env == "local":
+            defaults.update(threads_per_worker=1, processes=True)
+        return {**defaults, **options, "n_workers": spec.n_workers}
+    if spec.env == "ssh":
+        return _ssh_kwargs(spec.n_workers, options)
+    return {**options, "n_workers": spec.n_workers}
+
+
+def _ssh_kwargs(n_workers: int, options: dict) -> dict[str, Any]:
+    hosts = options.get("hosts")
+    if not hosts or not isinstance(hosts, (list, tuple)) or len(hosts) < 2:
+        raise ConfigError("parallel.options.hosts: env 'ssh' needs a list [scheduler_host, worker_host, ...]")
+    workers = list(hosts[1:])
+    expanded = [hosts[0]] + [workers[i % len(workers)] for i in range(n_workers)]
+    return {**options, "hosts": expanded}
+
+
+def build_task_runner(spec: ParallelSpec):
+    """A prefect-dask ``DaskTaskRunner`` for a validated spec.
+
+    >>> runner = build_task_runner(ParallelSpec(env="local", n_workers=2))
+    >>> runner.cluster_kwargs["n_workers"]
+    2
+    """
+    from prefect_dask import DaskTaskRunner
+
+    if spec.address:
+        return DaskTaskRunner(address=spec.address)
+    cluster_class = load_cluster_class(spec.env)
+    if spec.env == "local_gpu":
+        check_gpu_count(spec.n_workers, visible_gpu_count())
+    return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs(spec))

@@ -1,0 +1,164 @@
+"""Turn a loaded config into validated, picklable per-test-set stages (nothing runs yet).
+
+Every check that can fail on bad config happens here, on the driver, before a cluster starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .config import fingerprint, for_test_set, identity_config, test_set_names
+from .errors import ConfigError
+from .parallel import ParallelSpec
+from .provider import _accepts_kwarg
+from .runner import BaseRunner, InferenceRunner, _load_output_fn, check_batch_size
+from .targets import instantiate, locate
+
+RUNNER_CONTROL_KEYS = ("resume", "retries", "retry_delay_s")
+DEFAULT_RETRIES = 2
+DEFAULT_RETRY_DELAY_S = (2.0, 10.0)
+
+
+@dataclass
+class Stage:
+    """One test set of the infer stage: everything a task needs, small enough to ship per task."""
+
+    test_set: str
+    out_dir: Path
+    fingerprint: str
+    identity: dict
+    runner: BaseRunner
+    resume: bool = True
+    retries: int = DEFAULT_RETRIES
+    retry_delay_s: tuple = DEFAULT_RETRY_DELAY_S
+    num_shards: int | None = None
+    n_workers: int = 1
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def env_key(self) -> str:
+        return f"{self.test_set}-{self.fingerprint[:12]}"
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where Prefect keeps shard results (hidden, beside the outputs, on the shared filesystem)."""
+        return self.out_dir.parent / ".prefect-cache"
+
+    def shard_dir(self, index: int) -> Path:
+        return self.out_dir / f"split.{index}"
+
+
+def _require_target(cfg: DictConfig, key: str) -> DictConfig:
+    block = OmegaConf.select(cfg, key)
+    if block is None:
+        raise ConfigError(f"{key}: missing; add {key}: {{_target_: ...}} to the config")
+    if not isinstance(block, DictConfig) or not block.get("_target_"):
+        raise ConfigError(f"{key}._target_: missing; name the {key} class")
+    locate(block._target_, f"{key}._target_")
+    return block
+
+
+def code_identity(*objects: Any) -> str:
+    """sha256 of the source of the given classes/functions (qualified name where source is absent)."""
+    sha = hashlib.sha256()
+    for obj in objects:
+        if obj is None:
+            continue
+        try:
+            sha.update(inspect.getsource(obj).encode())
+        except (OSError, TypeError):
+            sha.update(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', obj)}".encode())
+    return sha.hexdigest()
+
+
+def _stage_params(cfg: DictConfig, runner_cls: type) -> dict[str, Any]:
+    """Provider params plus the keys ESPnet3's infer stage passes to forward through the env."""
+    raw = cfg.provider.get("params")
+    params = OmegaConf.to_container(raw, resolve=True) if raw is not None else {}
+    if not isinstance(params, dict):
+        raise ConfigError("provider.params: must be a mapping")
+    added: dict[str, Any] = {"idx_key": cfg.get("idx_key") or "utt_id"}
+    input_key = cfg.get("input_key")
+    if issubclass(runner_cls, InferenceRunner) or input_key is not None:
+        if input_key is None or input_key == "" or (not isinstance(input_key, str) and len(input_key) == 0):
+            raise ConfigError("input_key: missing or empty; name the dataset field(s) the model reads")
+        added["input_key"] = input_key if isinstance(input_key, str) else list(input_key)
+    if cfg.get("output_keys") is not None:
+        keys = cfg.output_keys
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        if not keys:
+            raise ConfigError("output_keys: empty list; omit it to write every output field")
+        added["output_keys"] = keys
+    if cfg.get("output_fn"):
+        _load_output_fn(cfg.output_fn)  # fail now, not on a worker
+        added["output_fn"] = str(cfg.output_fn)
+    for key in added:
+        if key in params:
+            raise ConfigError(f"provider.params.{key}: also set at the top level of the config; keep one")
+    return {**params, **added}
+
+
+def _runner_kwargs(cfg: DictConfig, runner_cls: type, out_dir: Path, params: dict) -> dict[str, Any]:
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.runner, resolve=True).items()
+              if k != "_target_" and k not in RUNNER_CONTROL_KEYS}
+    kwargs["batch_size"] = check_batch_size(cfg.get("batch_size"))
+    kwargs["output_dir"] = str(out_dir)
+    if _accepts_kwarg(runner_cls, "idx_key"):
+        kwargs.setdefault("idx_key", params["idx_key"])
+    return kwargs
+
+
+def prepare_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
+    """Validate ``cfg`` and build one :class:`Stage` per test set (provider/runner instantiated)."""
+    inference_dir = cfg.get("inference_dir")
+    if not inference_dir:
+        raise ConfigError("inference_dir: missing; set where outputs go")
+    parallel_block = cfg.get("parallel")
+    spec = ParallelSpec.from_config(OmegaConf.to_container(parallel_block, resolve=True) if parallel_block else None)
+    names = test_set_names(cfg)
+    _require_target(cfg, "provider")
+    runner_block = _require_target(cfg, "runner")
+    runner_cls = locate(runner_block._target_, "runner._target_")
+    if not (isinstance(runner_cls, type) and issubclass(runner_cls, BaseRunner)) and not hasattr(runner_cls, "forward"):
+        raise ConfigError(f"runner._target_: {runner_block._target_!r} has no static forward()")
+    control = _runner_control(runner_block)
+    stages = [_stage(cfg, name, Path(inference_dir), runner_cls, control, spec) for name in names]
+    return spec, stages
+
+
+def _runner_control(block: DictConfig) -> dict:
+    retries = block.get("retries", DEFAULT_RETRIES)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"runner.retries: must be an integer >= 0, got {retries!r}")
+    delay = block.get("retry_delay_s", list(DEFAULT_RETRY_DELAY_S))
+    delay = [delay] if isinstance(delay, (int, float)) else list(delay)
+    if not delay or any(isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0 for d in delay):
+        raise ConfigError(f"runner.retry_delay_s: must be a number or list of numbers >= 0, got {delay!r}")
+    resume = block.get("resume", True)
+    if not isinstance(resume, bool):
+        raise ConfigError(f"runner.resume: must be true or false, got {resume!r}")
+    return {"retries": retries, "retry_delay_s": tuple(float(d) for d in delay), "resume": resume}
+
+
+def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, control: dict,
+           spec: ParallelSpec) -> Stage:
+    sub = for_test_set(cfg, name)
+    out_dir = inference_dir.expanduser().resolve() / name
+    params = _stage_params(sub, runner_cls)
+    provider_cfg = OmegaConf.create({k: v for k, v in sub.provider.items() if k != "params"})
+    provider = instantiate(provider_cfg, inference_config=sub, params=params, _recursive_=False)
+    runner_cfg = OmegaConf.create({k: v for k, v in sub.runner.items() if k not in RUNNER_CONTROL_KEYS})
+    runner = instantiate(runner_cfg, provider=provider, _recursive_=False,
+                         **_runner_kwargs(sub, runner_cls, out_dir, params))
+    output_fn = _load_output_fn(params.get("output_fn"))
+    code = code_identity(type(runner), type(provider), output_fn)
+    identity = {"config": identity_config(sub), "code": code}
+    fp = fingerprint(identity)
+    return Stage(test_set=name, out_dir=out_dir, fingerprint=fp, identity=identity, runner=runner,
+                 num_shards=spec.num_shards, n_workers=spec.n_workers, **control)

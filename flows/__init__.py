@@ -1,0 +1,1 @@
+"""Prefect flows: infer (and later metrics, evaluate)."""
