@@ -87,7 +87,7 @@ def _apply_override(cfg: DictConfig, item: str) -> None:
     OmegaConf.update(cfg, key, parsed, merge=False, force_add=True)
 
 
-def test_set_names(cfg: DictConfig) -> list[str]:
+def list_test_sets(cfg: DictConfig) -> list[str]:
     """Names of ``dataset.test`` entries, validated: each has a unique, path-safe ``name``."""
     tests = OmegaConf.select(cfg, "dataset.test")
     if tests is None:

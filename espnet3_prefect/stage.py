@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import fingerprint, for_test_set, identity_config, test_set_names
+from .config import fingerprint, for_test_set, identity_config, list_test_sets
 from .errors import ConfigError
 from .parallel import ParallelSpec
 from .provider import _accepts_kwarg
@@ -121,7 +121,7 @@ def prepare_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
         raise ConfigError("inference_dir: missing; set where outputs go")
     parallel_block = cfg.get("parallel")
     spec = ParallelSpec.from_config(OmegaConf.to_container(parallel_block, resolve=True) if parallel_block else None)
-    names = test_set_names(cfg)
+    names = list_test_sets(cfg)
     _require_target(cfg, "provider")
     runner_block = _require_target(cfg, "runner")
     runner_cls = locate(runner_block._target_, "runner._target_")

@@ -134,8 +134,8 @@ emit_env() {
 
 # A TCP port on 127.0.0.1 that nothing listens on right now.
 free_port() {
-  local p i
-  for i in $(seq 50); do
+  local p _
+  for _ in $(seq 50); do
     p=$((20000 + RANDOM % 40000))
     [ -z "$(ss -Hltn "sport = :$p" 2>/dev/null)" ] && { echo "$p"; return 0; }
   done

@@ -26,7 +26,6 @@ H=$(hostname)
 STATE=$E3P_INFRA_DIR/sge
 SPOOL=/var/spool/gridengine
 QMASTER_PIDFILE=$SPOOL/qmaster/qmaster.pid
-EXECD_PIDFILE=$SPOOL/execd/$H/execd.pid
 
 install() {
   # The package asks (debconf) for the master host and whether to create the
@@ -58,6 +57,7 @@ qconf_edit() { # qconf_edit OPTION SED-EXPRESSIONS...
   local opt=$1 ed
   shift
   ed=$(mktemp)
+  # shellcheck disable=SC2016 # "$1" is for the generated script, not for us
   { echo '#!/bin/sh'; printf 'sed -i'; printf " -e '%s'" "$@"; echo ' "$1"'; } >"$ed"
   chmod +x "$ed"
   EDITOR=$ed qconf "$opt" >/dev/null 2>&1 || true
@@ -85,12 +85,22 @@ configure() {
   qconf -as "$H" >/dev/null 2>&1 || true # submit host (admin host comes from the package)
 }
 
+# execd writes its pid to $SPOOL/execd/<name>/execd.pid, where <name> is how
+# it resolves itself -- "localhost" here, not $H -- so look in every dir.
+find_execd_pid() {
+  local f
+  for f in "$SPOOL"/execd/*/execd.pid; do
+    pid_alive "$(cat "$f" 2>/dev/null)" sge_execd && { cat "$f"; return 0; }
+  done
+  return 1
+}
+
 start_execd() {
   if ! pidfile_alive "$STATE/execd.pid" sge_execd; then
     stop_pidfile "$STATE/execd.pid" sge_execd
     spawn "$STATE/start.log" /usr/sbin/sge_execd # registers itself as exec host
-    wait_until "$E3P_WAIT_S" test -s "$EXECD_PIDFILE" || die "sge_execd wrote no pid file"
-    cp "$EXECD_PIDFILE" "$STATE/execd.pid"
+    wait_until "$E3P_WAIT_S" find_execd_pid || die "no running sge_execd found"
+    find_execd_pid >"$STATE/execd.pid"
     log "sge_execd started ($(elapsed) s)"
   fi
   wait_until "$E3P_WAIT_S" sh -c "qconf -sel | grep -qx '$H'" || die "exec host $H did not register"
@@ -111,7 +121,7 @@ EOF
     rm -f "$ed"
   fi
   # Never put the queue in alarm on a busy box; slots as requested.
-  qconf -mattr queue load_thresholds NONE "$QUEUE" >/dev/null 2>&1 || true
+  qconf -rattr queue load_thresholds NONE "$QUEUE" >/dev/null 2>&1 || true
   qconf -mattr queue slots "$SLOTS" "$QUEUE" >/dev/null 2>&1 || true
   qmod -cq "$QUEUE" >/dev/null 2>&1 || true # clear an error state left from before
 }

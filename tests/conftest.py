@@ -1,0 +1,74 @@
+"""Shared fixtures: one real Prefect server per test session (127.0.0.1, free port), configs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+FSDD = ROOT.parent / "shared" / "data" / "fsdd" / "recordings"
+
+# Batch jobs and spawned workers import tests.helpers.* too.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A real Prefect API server for the session; its URL is exported to workers."""
+    from espnet3_prefect.server import _flush_prefect, start_server, stop_server
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    proc, url = start_server(home, ui=False)
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
+    os.environ["PREFECT_API_URL"] = url
+    os.environ["PREFECT_HOME"] = str(home / "client")
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_HOME: str(home / "client")}):
+        yield url
+        _flush_prefect()
+    stop_server(proc.pid)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def write_yaml(path: Path, data: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def toy_config(tmp_path: Path, n: int = 23, *, n_workers: int = 2, num_shards: int = 5,
+               batch_size=None, bad=None, **extra) -> dict:
+    """An ESPnet3-shaped inference config for the toy recipe (logs go next to the outputs)."""
+    cfg = {
+        "inference_dir": str(tmp_path / "inference"),
+        "toy": {"build_log": str(tmp_path / "builds.log")},
+        "dataset": {"_target_": "tests.helpers.toy.ToyOrganizer",
+                    "test": [{"name": "test_a", "n": n, **({"bad": bad} if bad else {})}]},
+        "model": {"_target_": "tests.helpers.toy.ToyModel", "scale": 3},
+        "input_key": "x",
+        "output_fn": "tests.helpers.toy.toy_output_fn",
+        "idx_key": "utt_id",
+        "batch_size": batch_size,
+        "provider": {"_target_": "tests.helpers.toy.CountingProvider",
+                     "params": {"forward_log": str(tmp_path / "forward.log")}},
+        "runner": {"_target_": "tests.helpers.toy.CountingRunner", "resume": True, "retries": 0},
+        "parallel": {"env": "local", "n_workers": n_workers, "num_shards": num_shards},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+@pytest.fixture
+def fsdd_dir():
+    if not FSDD.is_dir():
+        pytest.skip(f"real recordings not present at {FSDD} (only beside the project in CI and dev)")
+    return FSDD

@@ -1,0 +1,88 @@
+"""A toy recipe for tests: tiny dataset, a deterministic model, and logs of builds and forward calls.
+
+Importable on Dask workers (tests/ is on sys.path via pytest's ``pythonpath``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from espnet3_prefect import InferenceProvider, InferenceRunner
+
+
+def _append(path: str | None, line: str) -> None:
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:  # O_APPEND: whole small lines
+            handle.write(line + "\n")
+
+
+class ToyDataset:
+    """Items ``{"utt_id", "x", "text"}``; ``bad`` maps index -> how the item is broken."""
+
+    def __init__(self, n: int, bad: dict | None = None):
+        self.n, self.bad = n, {int(k): v for k, v in (bad or {}).items()}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        item = {"utt_id": f"utt{idx:05d}", "x": idx, "text": f"t{idx}"}
+        kind = self.bad.get(idx)
+        if kind == "no_input":
+            del item["x"]
+        elif kind == "space_id":
+            item["utt_id"] = f"utt {idx}"
+        elif kind == "raise":
+            raise RuntimeError(f"cannot read item {idx}")
+        return item
+
+
+class ToyOrganizer:
+    def __init__(self, test=()):
+        self.test = {t["name"]: ToyDataset(t["n"], t.get("bad")) for t in test}
+
+
+class ToyModel:
+    """y = scale * x * x (+ offset); accepts one x or a list (batch)."""
+
+    def __init__(self, scale: int = 1, offset: int = 0, device: str = "cpu"):
+        self.scale, self.offset = scale, offset
+
+    def __call__(self, x: Any) -> Any:
+        if isinstance(x, list):
+            return [self(v) for v in x]
+        return self.scale * x * x + self.offset
+
+
+class CountingProvider(InferenceProvider):
+    """Logs ``build <pid>`` to ``config.toy.build_log`` each time an env is built."""
+
+    def build_env_local(self):
+        _append(self.config.get("toy", {}).get("build_log"), f"build {os.getpid()}")
+        return super().build_env_local()
+
+
+class CountingRunner(InferenceRunner):
+    """Logs ``<pid> <idx>`` for every item forward() computes."""
+
+    @staticmethod
+    def forward(idx, forward_log=None, **env):
+        for i in idx if isinstance(idx, list) else [idx]:
+            _append(forward_log, f"{os.getpid()} {i}")
+        return InferenceRunner.forward(idx, **env)
+
+
+def toy_output_fn(data, model_output, idx):
+    if isinstance(idx, list):
+        return [toy_output_fn(d, m, i) for d, m, i in zip(data, model_output, idx)]
+    return {"utt_id": data["utt_id"], "y": model_output, "ref": data["text"]}
+
+
+def not_a_dict_output_fn(data, model_output, idx):
+    return model_output
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []

@@ -1,0 +1,78 @@
+"""The command line on the embedded default: one local Prefect server, shared, stopped at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, toy_config, write_yaml
+
+pytestmark = pytest.mark.slow
+CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
+
+
+def _env(home):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
+    return env
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_cli_embedded_server_runs_flow_records_workers_and_stops(tmp_path):
+    cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, num_shards=2))
+    home = tmp_path / "home"
+    proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "parallel.n_workers=2", "--keep-server"],
+                          env=_env(home), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "test_a: 8 items, 2 shards run, 0 cached" in proc.stdout
+    info = json.loads((home / "server.json").read_text())
+    assert info["api_url"].startswith("http://127.0.0.1:")
+    try:
+        from prefect.client.orchestration import SyncPrefectClient
+
+        with SyncPrefectClient(info["api_url"]) as client:
+            names = {t.name for t in client.read_task_runs()}
+        assert {"run-shard-0", "run-shard-1"} <= names  # worker task runs landed on the one server
+        assert "database is locked" not in proc.stderr
+    finally:
+        from espnet3_prefect.server import stop_server
+        stop_server(info["pid"])
+    assert not _alive(info["pid"])
+
+
+def test_cli_stops_the_server_it_started(tmp_path):
+    cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=4, n_workers=1, num_shards=1))
+    home = tmp_path / "home"
+    proc = subprocess.run([*CLI, "infer", "--config", str(cfg)], env=_env(home), capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (home / "server.json").exists()
+    assert (tmp_path / "inference/test_a/y.scp").read_text().startswith("utt00000 0\n")
+
+
+def test_cli_bad_config_is_one_line_exit_2_and_starts_nothing(tmp_path):
+    cfg = toy_config(tmp_path)
+    cfg["parallel"]["env"] = "slrum"
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    home = tmp_path / "home"
+    started = time.monotonic()
+    proc = subprocess.run([*CLI, "infer", "--config", str(path)], env=_env(home), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: parallel.env: unknown backend 'slrum'; valid values: local, local_gpu, slurm, pbs, sge, "
+        "lsf, htcondor, moab, oar, ssh, kube"]
+    assert not (home / "server.json").exists() and not (tmp_path / "inference").exists()
+    assert time.monotonic() - started < 30

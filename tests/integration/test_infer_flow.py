@@ -1,0 +1,135 @@
+"""The infer flow for real: a real Prefect server, real LocalClusters with 2 workers.
+
+Asserts the properties users rely on: merged output byte-identical for any worker count, batch
+size and shard plan; resume executes nothing; a deleted marker re-runs exactly that shard; the env
+is built once per worker; bad input fails with a message naming the utterance.
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+
+import pytest
+
+from tests.conftest import toy_config, write_yaml
+from tests.helpers.toy import read_lines
+
+pytestmark = pytest.mark.slow
+
+
+def run_infer(tmp_path, cfg: dict, overrides=(), name="inference.yaml"):
+    from espnet3_prefect.flows.infer import infer
+
+    path = write_yaml(tmp_path / name, cfg)
+    return infer(config=[str(path)], overrides=list(overrides))
+
+
+def forward_calls(tmp_path) -> list[tuple[int, int]]:
+    return [tuple(map(int, line.split())) for line in read_lines(tmp_path / "forward.log")]
+
+
+def test_merge_is_byte_identical_for_any_workers_batch_and_plan(prefect_server, tmp_path):
+    outputs = []
+    for i, (n_workers, batch_size, num_shards) in enumerate([(1, None, 1), (2, 4, 5), (2, 3, 7)]):
+        run_dir = tmp_path / f"run{i}"
+        cfg = toy_config(run_dir, n=23, n_workers=n_workers, batch_size=batch_size, num_shards=num_shards)
+        [summary] = run_infer(run_dir, cfg)
+        assert summary["shards"] == num_shards and summary["items"] == 23
+        out = run_dir / "inference" / "test_a"
+        outputs.append(((out / "y.scp").read_bytes(), (out / "ref.scp").read_bytes()))
+    assert outputs[0] == outputs[1] == outputs[2]
+    y_lines = outputs[0][0].decode().splitlines()
+    assert y_lines == [f"utt{i:05d} {3 * i * i}" for i in range(23)]  # dataset order, right values
+
+
+def test_resume_runs_nothing_and_a_deleted_marker_reruns_only_its_shard(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=20, num_shards=4)
+    [first] = run_infer(tmp_path, cfg)
+    merged = (tmp_path / "inference/test_a/y.scp").read_bytes()
+    assert first["shards_run"] == 4 and first["shards_cached"] == 0
+    assert sorted(i for _, i in forward_calls(tmp_path)) == list(range(20))
+
+    (tmp_path / "forward.log").unlink()
+    [again] = run_infer(tmp_path, cfg)
+    assert again["shards_run"] == 0 and again["shards_cached"] == 4
+    assert forward_calls(tmp_path) == []  # zero forward() calls on a finished stage
+
+    (tmp_path / "inference/test_a/split.2/done").unlink()
+    [third] = run_infer(tmp_path, cfg)
+    assert third["shards_run"] == 1 and third["shards_cached"] == 3
+    assert sorted(i for _, i in forward_calls(tmp_path)) == list(range(10, 15))  # shard 2 = [10, 15)
+    assert (tmp_path / "inference/test_a/y.scp").read_bytes() == merged
+
+
+def test_resume_false_reruns_every_shard(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=12, num_shards=3)
+    run_infer(tmp_path, cfg)
+    [again] = run_infer(tmp_path, cfg, overrides=["runner.resume=false"])
+    assert again["shards_run"] == 3 and again["shards_cached"] == 0
+
+
+def test_changed_config_redoes_shards_and_outputs_follow(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=10, num_shards=2)
+    run_infer(tmp_path, cfg)
+    [changed] = run_infer(tmp_path, cfg, overrides=["model.scale=5"])
+    assert changed["shards_run"] == 2
+    assert (tmp_path / "inference/test_a/y.scp").read_text().splitlines()[3] == "utt00003 45"
+
+
+def test_more_workers_on_resume_reuses_every_shard(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=16, n_workers=1, num_shards=4)
+    run_infer(tmp_path, cfg)
+    [again] = run_infer(tmp_path, cfg, overrides=["parallel.n_workers=2"])
+    assert again["shards_run"] == 0 and again["shards_cached"] == 4
+
+
+def test_env_is_built_once_per_worker(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=30, n_workers=2, num_shards=10)
+    [summary] = run_infer(tmp_path, cfg)
+    builds = collections.Counter(line.split()[1] for line in read_lines(tmp_path / "builds.log"))
+    assert summary["workers"] == 2
+    assert len(builds) == 2 and set(builds.values()) == {1}, builds  # two workers, one build each
+    worker_pids = {str(pid) for pid, _ in forward_calls(tmp_path)}
+    assert worker_pids <= set(builds)  # every forward ran on a worker that built once
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ({3: "no_input"}, "item 3 (utt_id='utt00003'): has no input_key 'x'"),
+    ({4: "space_id"}, "utt_id 'utt 4': must not contain whitespace"),
+])
+def test_bad_items_fail_naming_the_utterance_and_publish_nothing_for_that_shard(prefect_server, tmp_path, bad, expected):
+    cfg = toy_config(tmp_path, n=10, num_shards=2, bad=bad)
+    with pytest.raises(Exception) as err:
+        run_infer(tmp_path, cfg)
+    assert expected in str(err.value) and "split.0 items [0, 5)" in str(err.value)
+    out = tmp_path / "inference/test_a"
+    assert not (out / "split.0").exists()  # the failing shard left nothing visible
+    assert (out / "split.1/done").is_file()  # the good shard finished and stays done
+    assert not (out / "y.scp").exists()  # no merged output from a failed stage
+
+
+def test_forward_output_that_is_not_a_dict_is_rejected(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=4, num_shards=1, output_fn="tests.helpers.toy.not_a_dict_output_fn")
+    with pytest.raises(Exception, match="forward\\(\\) output must be a dict with 'utt_id', got int"):
+        run_infer(tmp_path, cfg)
+
+
+def test_task_runs_are_named_after_shards_and_artifacts_are_published(prefect_server, tmp_path):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from espnet3_prefect.flows.infer import infer
+
+    cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=6, num_shards=3))
+    state = infer(config=[str(cfg)], return_state=True)
+    flow_run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        artifacts = client.read_artifacts()
+    names = {t.name for t in task_runs}
+    assert {"run-shard-0", "run-shard-1", "run-shard-2", "write-done-marker-2", "merge-test_a",
+            "build-env-test_a"} <= names
+    mine = [a for a in artifacts if a.flow_run_id == flow_run_id]
+    assert {a.type for a in mine} >= {"table", "progress"}
+    table = next(a for a in mine if a.type == "table")
+    assert "shards_run" in str(table.data) and "items_per_s" in str(table.data)

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from espnet3_prefect import load_config
+from espnet3_prefect.config import for_test_set, identity_config, list_test_sets
+from espnet3_prefect.stage import prepare_stages
+from espnet3_prefect.targets import resolve_target
+from tests.conftest import toy_config, write_yaml
+
+
+def test_files_merge_left_to_right_with_interpolations_and_overrides(tmp_path):
+    base = write_yaml(tmp_path / "inference.yaml", {"exp": "exp/x", "inference_dir": "${exp}/inf",
+                                                    "parallel": {"env": "local", "n_workers": 1}})
+    over = write_yaml(tmp_path / "parallel_slurm.yaml", {"parallel": {"env": "slurm", "n_workers": 8}})
+    cfg = load_config([base, over], ["parallel.n_workers=4", "exp=exp/y"])
+    assert cfg.parallel.env == "slurm" and cfg.parallel.n_workers == 4
+    assert cfg.inference_dir == "exp/y/inf"
+
+
+def test_espnet3_stock_targets_resolve_to_ours():
+    assert resolve_target("espnet3.systems.base.inference_provider.InferenceProvider") == \
+        "espnet3_prefect.provider.InferenceProvider"
+    assert resolve_target("my.own.Runner") == "my.own.Runner"
+
+
+def test_espnet3_recipe_config_runs_unchanged(tmp_path):
+    cfg = toy_config(tmp_path)
+    cfg["provider"]["_target_"] = "espnet3.systems.base.inference_provider.InferenceProvider"
+    cfg["runner"]["_target_"] = "espnet3.systems.base.inference_runner.InferenceRunner"
+    cfg["provider"]["params"] = {}
+    _, [stage] = prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)]))
+    assert type(stage.runner).__module__ == "espnet3_prefect.runner"
+    assert stage.runner.idx_key == "utt_id"
+
+
+def test_no_parallel_block_means_local_one_worker(tmp_path):
+    cfg = toy_config(tmp_path)
+    del cfg["parallel"]
+    spec, _ = prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)]))
+    assert (spec.env, spec.n_workers) == ("local", 1)
+
+
+def test_fingerprint_ignores_how_it_runs_but_not_what_it_computes(tmp_path):
+    path = write_yaml(tmp_path / "c.yaml", toy_config(tmp_path))
+    fp = lambda *o: prepare_stages(load_config([path], list(o)))[1][0].fingerprint
+    base = fp()
+    assert fp("parallel.n_workers=7", "runner.retries=5", "runner.resume=false") == base
+    assert fp("model.scale=4") != base
+    assert fp("batch_size=8") != base
+
+
+def test_adding_a_test_set_does_not_change_the_others(tmp_path):
+    cfg = toy_config(tmp_path)
+    one = load_config([write_yaml(tmp_path / "a.yaml", cfg)])
+    cfg["dataset"]["test"].append({"name": "test_b", "n": 3})
+    two = load_config([write_yaml(tmp_path / "b.yaml", cfg)])
+    assert list_test_sets(two) == ["test_a", "test_b"]
+    assert identity_config(for_test_set(one, "test_a")) == identity_config(for_test_set(two, "test_a"))

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import pytest
+
+from espnet3_prefect import ConfigError, MissingExtraError, ParallelSpec, build_task_runner
+from espnet3_prefect.parallel import check_gpu_count, cluster_kwargs, visible_gpu_count
+
+
+def test_local_defaults_bind_loopback_and_user_options_win():
+    spec = ParallelSpec.from_config({"env": "local", "n_workers": 3, "options": {"threads_per_worker": 2}})
+    kwargs = cluster_kwargs(spec)
+    assert kwargs["n_workers"] == 3 and kwargs["threads_per_worker"] == 2
+    assert kwargs["host"] == "127.0.0.1" and kwargs["dashboard_address"] == "127.0.0.1:0"
+
+
+def test_slurm_options_are_forwarded_and_checked_against_dask_jobqueue():
+    spec = ParallelSpec.from_config({"env": "slurm", "n_workers": 8, "options": {
+        "queue": "gpu", "account": "lab", "cores": 4, "memory": "32GB", "walltime": "04:00:00",
+        "job_extra_directives": ["--gres=gpu:1"], "job_script_prologue": ["module load cuda"]}})
+    runner = build_task_runner(spec)
+    assert runner.cluster_kwargs["n_workers"] == 8 and runner.cluster_kwargs["queue"] == "gpu"
+    assert runner.resolved_cluster_class.__name__ == "SLURMCluster"
+    with pytest.raises(ConfigError, match="parallel.options.gres: not an option of env 'slurm'; valid options: .*walltime"):
+        ParallelSpec.from_config({"env": "slurm", "options": {"gres": "gpu:1"}})
+
+
+@pytest.mark.parametrize("env, extra", [("kube", "kube"), ("local_gpu", "gpu")])
+def test_missing_optional_backend_names_the_pip_extra(env, extra):
+    spec = ParallelSpec.from_config({"env": env})
+    with pytest.raises(MissingExtraError, match=f'pip install "espnet3-prefect\\[{extra}\\]"'):
+        build_task_runner(spec)
+
+
+def test_local_gpu_refuses_more_workers_than_visible_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert visible_gpu_count() == 2
+    check_gpu_count(2, 2)
+    with pytest.raises(ConfigError, match="parallel.n_workers: 4 exceeds the 2 visible GPU\\(s\\) .*CUDA_VISIBLE_DEVICES=0,1"):
+        check_gpu_count(4, visible_gpu_count())
+
+
+def test_ssh_hosts_expand_to_n_workers():
+    spec = ParallelSpec.from_config({"env": "ssh", "n_workers": 3, "options": {"hosts": ["s", "w1", "w2"]}})
+    assert cluster_kwargs(spec)["hosts"] == ["s", "w1", "w2", "w1"]
+    with pytest.raises(ConfigError, match="parallel.options.hosts"):
+        cluster_kwargs(ParallelSpec.from_config({"env": "ssh", "options": {"hosts": ["only"]}}))
+
+
+def test_address_connects_to_a_running_scheduler():
+    spec = ParallelSpec.from_config({"address": "tcp://127.0.0.1:8786"})
+    assert build_task_runner(spec).address == "tcp://127.0.0.1:8786"
+    with pytest.raises(ConfigError, match="parallel.address: 'nope' is not a scheduler address"):
+        ParallelSpec.from_config({"address": "nope"})
+
+
+def test_managed_and_misplaced_options_are_rejected():
+    with pytest.raises(ConfigError, match="parallel.options.asynchronous: managed by espnet3-prefect"):
+        ParallelSpec.from_config({"options": {"asynchronous": True}})
+    with pytest.raises(ConfigError, match="parallel.options.n_workers: set parallel.n_workers instead"):
+        ParallelSpec.from_config({"options": {"n_workers": 2}})
