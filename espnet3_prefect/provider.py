@@ -108,9 +108,9 @@ def _accepts_kwarg(target: Any, name: str) -> bool:
 def resolve_device(config: Any = None) -> str:
     """The torch device for this worker.
 
-    Order: ``config.device`` (unless "auto"), ``config.device_index``, ``$LOCAL_RANK``, then
-    ``cuda:0`` when CUDA is available (dask-cuda puts each worker's GPU first in
-    CUDA_VISIBLE_DEVICES), else ``cpu``.
+    Order: ``config.device`` (unless "auto"); else ``cpu`` without CUDA; else
+    ``config.device_index`` or ``$LOCAL_RANK`` modulo the GPUs visible through
+    CUDA_VISIBLE_DEVICES; else ``cuda:0`` (dask-cuda puts each worker's own GPU first).
 
     >>> resolve_device({"device": "cpu"})
     'cpu'
@@ -120,17 +120,19 @@ def resolve_device(config: Any = None) -> str:
     device = get("device")
     if device and device != "auto":
         return str(device)
-    if not _cuda_available():
+    count = _cuda_device_count()
+    if count == 0:
         return "cpu"
     index = get("device_index")
     if index is None:
         index = os.environ.get("LOCAL_RANK")
-    return f"cuda:{int(index)}" if index is not None else "cuda:0"
+    # CUDA_VISIBLE_DEVICES renumbers the GPUs this process sees from 0; a rank beyond them wraps.
+    return f"cuda:{int(index) % count}" if index is not None else "cuda:0"
 
 
-def _cuda_available() -> bool:
+def _cuda_device_count() -> int:
     try:
         import torch
     except ImportError:
-        return False
-    return torch.cuda.is_available()
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

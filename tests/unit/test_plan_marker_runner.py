@@ -113,3 +113,17 @@ def test_base_runner_local_call_with_seed_style_writer_hooks(tmp_path):
 
     TextRunner(Provider(), output_dir=tmp_path)(range(3))
     assert (tmp_path / "text").read_text() == "u0 0\nu1 10\nu2 20\n"
+
+
+def test_device_resolution(monkeypatch):
+    from espnet3_prefect import provider, resolve_device
+
+    assert resolve_device({"device": "cuda:3"}) == "cuda:3"
+    monkeypatch.setattr(provider, "_cuda_device_count", lambda: 0)
+    assert resolve_device({}) == "cpu"
+    monkeypatch.setattr(provider, "_cuda_device_count", lambda: 2)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert resolve_device({}) == "cuda:0"
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device({}) == "cuda:1"
+    assert resolve_device({"device_index": 0}) == "cuda:0"
