@@ -18,6 +18,13 @@ class BadInputError(Espnet3PrefectError, ValueError):
     """
 
 
+class ItemError(Espnet3PrefectError, RuntimeError):
+    """forward() raised on one item; the message names the item and the original exception.
+
+    Retried like any runtime error (it may be transient), unlike :class:`BadInputError`.
+    """
+
+
 class MissingExtraError(Espnet3PrefectError, ImportError):
     """An optional backend package is not installed; the message names the pip extra."""
 

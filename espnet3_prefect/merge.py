@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Sequence
@@ -23,3 +24,23 @@ def concat_files(parts: Sequence[Path], dest: Path) -> Path:
             with open(part, "rb") as handle:
                 shutil.copyfileobj(handle, out, 1 << 20)
     return dest
+
+
+MERGED_MANIFEST = ".merged.json"
+
+
+def remove_merged(test_dir: Path) -> list[str]:
+    """Delete the merged outputs a previous merge recorded (they no longer match the shards)."""
+    manifest = test_dir / MERGED_MANIFEST
+    try:
+        outputs = json.loads(manifest.read_text()).get("outputs", {})
+    except (OSError, ValueError):
+        return []
+    removed = []
+    for path in outputs.values():
+        target = Path(path)
+        if target.parent == test_dir and target.is_file():
+            target.unlink()
+            removed.append(target.name)
+    manifest.unlink(missing_ok=True)
+    return removed

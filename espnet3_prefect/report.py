@@ -61,7 +61,8 @@ def summary_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         seconds = s["seconds"]
         rows.append({
             "test_set": s["test_set"], "shards": s["shards"], "shards_run": s["shards_run"],
-            "shards_cached": s["shards_cached"], "items": s["items"], "seconds": round(seconds, 2),
+            "shards_cached": s["shards_cached"], "items": s["items"], "failed": s.get("failed", 0),
+            "seconds": round(seconds, 2),
             "items_per_s": round(s["items"] / seconds, 1) if seconds > 0 else 0.0,
         })
     return rows
@@ -79,8 +80,9 @@ def format_summary(summaries: list[dict[str, Any]]) -> str:
     """The closing summary for the terminal: one line per test set plus its output files."""
     lines = []
     for row, s in zip(summary_rows(summaries), summaries):
+        failed = f", {row['failed']} failed (skipped)" if row["failed"] else ""
         lines.append(f"{row['test_set']}: {row['items']} items, {row['shards_run']} shards run, "
-                     f"{row['shards_cached']} cached, {row['seconds']} s ({row['items_per_s']} items/s)")
+                     f"{row['shards_cached']} cached{failed}, {row['seconds']} s ({row['items_per_s']} items/s)")
         for name, path in sorted((s.get("outputs") or {}).items()):
             lines.append(f"    {name}: {path}")
     return "\n".join(lines)

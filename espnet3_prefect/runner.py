@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from .envcall import call_with_env
-from .errors import BadInputError, ConfigError, one_line
+from .errors import BadInputError, ConfigError, ItemError, one_line
 from .merge import concat_files
 
 
@@ -95,19 +95,41 @@ class BaseRunner:
         if batch:
             yield batch
 
-    def write_shard(self, shard_dir: Path, indices: Iterable[int], env: dict, shard_id: int = 0) -> int:
-        """Run ``forward`` over ``indices`` in order and write every result into ``shard_dir``."""
+    def write_shard(self, shard_dir: Path, indices: Iterable[int], env: dict, shard_id: int = 0,
+                    on_error: str = "fail") -> tuple[int, list[dict]]:
+        """Run ``forward`` over ``indices`` in order and write every result into ``shard_dir``.
+
+        A failing batch is re-run item by item to find the failing item. A failing item raises
+        :class:`ItemError` naming it (``on_error="fail"``) or is left out of the outputs and
+        returned in the failure list (``on_error="skip"``). Returns (items handled, failures).
+        """
         cls = type(self)
         state = {"shard_id": shard_id, "shard_dir": str(shard_dir), "count": 0}
+        failures: list[dict] = []
         writers = _call_hook(cls.open_writers, Path(shard_dir), env=env)
         try:
             for item in self.batches(indices):
-                result = call_with_env(cls.forward, item, env=env)
-                _call_hook(cls.write_record, writers, result, state, env=env)
+                for result in self._forward(item, env, on_error, failures):
+                    _call_hook(cls.write_record, writers, result, state, env=env)
                 state["count"] += len(item) if isinstance(item, list) else 1
         finally:
             _call_hook(cls.close_writers, writers, state, env=env)
-        return state["count"]
+        return state["count"], failures
+
+    def _forward(self, item: Any, env: dict, on_error: str, failures: list[dict]) -> list[Any]:
+        forward = type(self).forward
+        try:
+            return [call_with_env(forward, item, env=env)]
+        except ConfigError:
+            raise
+        except Exception as exc:
+            if isinstance(item, list):  # find the failing item(s) of the batch
+                return [r for idx in item for r in self._forward(idx, env, on_error, failures)]
+            label = _item_label(item, env)
+            if on_error != "skip":
+                raise ItemError(f"{label}: {type(exc).__name__}: {one_line(exc)}") from exc
+            failures.append({"idx": item, "item": label, "error": f"{type(exc).__name__}: {one_line(exc)}"})
+            return []
 
     def __call__(self, indices: Iterable[int]) -> Any:
         """Run everything in this process (no Dask, no Prefect) and merge; for quick checks."""
@@ -132,6 +154,15 @@ def _load_output_fn(path: str | None):
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError(f"output_fn: cannot import {path!r}: {one_line(exc)}") from None
+
+
+def _item_label(idx: int, env: dict) -> str:
+    """``item 7 (utt_id='u7')`` when the dataset can tell the utterance, else ``item 7``."""
+    key = env.get("idx_key") or "utt_id"
+    try:
+        return _utt_label(env["dataset"][idx], idx, key)
+    except Exception:
+        return f"item {idx}"
 
 
 def _utt_label(item: Any, idx: Any, idx_key: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -14,7 +15,10 @@ from .marker import shard_files
 from .plan import Shard
 
 
-def execute_shard(runner, env: dict, shard: Shard, out_dir: Path) -> dict:
+FAILURES_NAME = "failures.jsonl"
+
+
+def execute_shard(runner, env: dict, shard: Shard, out_dir: Path, on_error: str = "fail") -> dict:
     """Run ``runner`` over ``shard`` into ``out_dir/split.N``; return a small summary (no data).
 
     The shard is written into a hidden temporary folder and renamed into place when complete;
@@ -25,7 +29,11 @@ def execute_shard(runner, env: dict, shard: Shard, out_dir: Path) -> dict:
     tmp.mkdir()
     started = time.perf_counter()
     try:
-        count = runner.write_shard(tmp, range(shard.start, shard.stop), env, shard_id=shard.index)
+        count, failures = runner.write_shard(tmp, range(shard.start, shard.stop), env,
+                                             shard_id=shard.index, on_error=on_error)
+        if failures:
+            (tmp / FAILURES_NAME).write_text("".join(json.dumps(f, sort_keys=True) + "\n" for f in failures),
+                                             encoding="utf-8")
         files = shard_files(tmp)
         publish_dir(tmp, out_dir / shard.dir_name)
     except BaseException:
@@ -34,6 +42,7 @@ def execute_shard(runner, env: dict, shard: Shard, out_dir: Path) -> dict:
     return {
         **shard.to_dict(),
         "items": count,
+        "failed": len(failures),
         "seconds": round(time.perf_counter() - started, 4),
         "files": files,
         "host": socket.gethostname(),

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,11 @@ from .provider import _accepts_kwarg
 from .runner import BaseRunner, InferenceRunner, _load_output_fn, check_batch_size
 from .targets import instantiate, locate
 
-RUNNER_CONTROL_KEYS = ("resume", "retries", "retry_delay_s")
+# runner keys that steer the orchestration and are not passed to the runner's constructor
+RUNNER_CONTROL_KEYS = ("resume", "retries", "retry_delay_s", "on_error", "max_failed_ratio", "min_free_mb")
+ON_ERROR = ("fail", "skip")
+DEFAULT_MAX_FAILED_RATIO = 0.05
+DEFAULT_MIN_FREE_MB = 100.0
 DEFAULT_RETRIES = 2
 DEFAULT_RETRY_DELAY_S = (2.0, 10.0)
 
@@ -37,13 +42,27 @@ class Stage:
     resume: bool = True
     retries: int = DEFAULT_RETRIES
     retry_delay_s: tuple = DEFAULT_RETRY_DELAY_S
+    on_error: str = "fail"
+    max_failed_ratio: float = DEFAULT_MAX_FAILED_RATIO
+    min_free_mb: float = DEFAULT_MIN_FREE_MB
     num_shards: int | None = None
     n_workers: int = 1
-    extra: dict = field(default_factory=dict)
 
     @property
     def env_key(self) -> str:
-        return f"{self.test_set}-{self.fingerprint[:12]}"
+        """Names this test set's env on the workers (config+code, before any dataset fingerprint)."""
+        return f"{self.test_set}-{self.identity_fingerprint[:12]}"
+
+    @property
+    def identity_fingerprint(self) -> str:
+        return fingerprint({"config": self.identity["config"], "code": self.identity["code"]})
+
+    def with_dataset(self, dataset_id: str | None) -> "Stage":
+        """This stage with the dataset's own fingerprint (when it offers one) in its identity."""
+        if not dataset_id:
+            return self
+        identity = {**self.identity, "dataset": dataset_id}
+        return dataclasses.replace(self, identity=identity, fingerprint=fingerprint(identity))
 
     @property
     def cache_dir(self) -> Path:
@@ -143,7 +162,17 @@ def _runner_control(block: DictConfig) -> dict:
     resume = block.get("resume", True)
     if not isinstance(resume, bool):
         raise ConfigError(f"runner.resume: must be true or false, got {resume!r}")
-    return {"retries": retries, "retry_delay_s": tuple(float(d) for d in delay), "resume": resume}
+    on_error = block.get("on_error", "fail")
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"runner.on_error: {on_error!r} is not one of: {', '.join(ON_ERROR)}")
+    ratio = block.get("max_failed_ratio", DEFAULT_MAX_FAILED_RATIO)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+        raise ConfigError(f"runner.max_failed_ratio: must be a number from 0 to 1, got {ratio!r}")
+    free = block.get("min_free_mb", DEFAULT_MIN_FREE_MB)
+    if isinstance(free, bool) or not isinstance(free, (int, float)) or free < 0:
+        raise ConfigError(f"runner.min_free_mb: must be a number >= 0, got {free!r}")
+    return {"retries": retries, "retry_delay_s": tuple(float(d) for d in delay), "resume": resume,
+            "on_error": on_error, "max_failed_ratio": float(ratio), "min_free_mb": float(free)}
 
 
 def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, control: dict,
@@ -158,7 +187,7 @@ def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, co
                          **_runner_kwargs(sub, runner_cls, out_dir, params))
     output_fn = _load_output_fn(params.get("output_fn"))
     code = code_identity(type(runner), type(provider), output_fn)
-    identity = {"config": identity_config(sub), "code": code}
+    identity = {"config": identity_config(sub), "code": code}  # the dataset's id joins after build-env
     fp = fingerprint(identity)
     return Stage(test_set=name, out_dir=out_dir, fingerprint=fp, identity=identity, runner=runner,
                  num_shards=spec.num_shards, n_workers=spec.n_workers, **control)

@@ -16,10 +16,13 @@ from prefect import flow, get_run_logger
 
 from espnet3_prefect.config import load_config
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
+from espnet3_prefect.lock import acquire
 from espnet3_prefect.marker import check_marker
+from espnet3_prefect.merge import remove_merged
 from espnet3_prefect.parallel import build_task_runner
 from espnet3_prefect.plan import Shard, default_num_shards, plan_shards
 from espnet3_prefect.report import Progress, format_summary, publish_summary
+from espnet3_prefect.run_states import mark_flow_run_crashed, mark_task_run_crashed
 from espnet3_prefect.stage import Stage, prepare_stages
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.mark_done import write_done_marker
@@ -44,19 +47,23 @@ def infer(config: list[str] | str, overrides: list[str] | None = None) -> list[d
     cfg = load_config(_as_list(config), _as_list(overrides))
     spec, stages = prepare_stages(cfg)
     for stage in stages:
-        check_writable(stage.out_dir)
+        check_writable(stage.out_dir, stage.min_free_mb)
     logger = get_run_logger()
-    logger.info("parallel: env=%s n_workers=%d; test sets: %s", spec.env, spec.n_workers,
-                ", ".join(s.test_set for s in stages))
-    with build_task_runner(spec) as runner:
-        summaries = [run_test_set(runner, stage) for stage in stages]
+    lock = _lock(stages[0].out_dir.parent, logger)
+    try:
+        logger.info("parallel: env=%s n_workers=%d; test sets: %s", spec.env, spec.n_workers,
+                    ", ".join(s.test_set for s in stages))
+        with build_task_runner(spec) as runner:
+            summaries = [run_test_set(runner, stage) for stage in stages]
+    finally:
+        lock.release()
     publish_summary(summaries)
     logger.info("summary:\n%s", format_summary(summaries))
     return summaries
 
 
-def check_writable(out_dir: Path) -> None:
-    """Fail before any compute when the output folder cannot be created or written."""
+def check_writable(out_dir: Path, min_free_mb: float = 0.0) -> None:
+    """Fail before any compute when the output folder cannot be written or its disk is (nearly) full."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / f".write-probe-{uuid.uuid4().hex[:8]}"
@@ -64,6 +71,24 @@ def check_writable(out_dir: Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"inference_dir: cannot write to {out_dir}: {exc.strerror or one_line(exc)}") from None
+    free_mb = shutil.disk_usage(out_dir).free / 1e6
+    if free_mb < min_free_mb:
+        raise ConfigError(f"inference_dir: only {free_mb:.0f} MB free on {out_dir}, runner.min_free_mb asks "
+                          f"for {min_free_mb:.0f} MB")
+
+
+def _lock(inference_dir: Path, logger):
+    """Take the output folder's run lock; a killed earlier run's flow run is marked Crashed."""
+    from prefect.runtime import flow_run
+
+    lock = acquire(inference_dir, str(flow_run.id) if flow_run.id else None)
+    stale = lock.stale_holder
+    if stale:
+        logger.warning("took over the lock of a run that is gone (pid %s on %s)", stale.get("pid"), stale.get("host"))
+        if stale.get("flow_run_id") and mark_flow_run_crashed(
+                stale["flow_run_id"], f"its process (pid {stale.get('pid')} on {stale.get('host')}) is gone"):
+            logger.warning("marked the stale flow run %s as Crashed", stale["flow_run_id"])
+    return lock
 
 
 def run_test_set(runner, stage: Stage) -> dict:
@@ -71,15 +96,20 @@ def run_test_set(runner, stage: Stage) -> dict:
     logger = get_run_logger()
     started = time.perf_counter()
     sized = runner.submit(build_env, {"stage": stage}).result()
+    stage = stage.with_dataset(sized.get("dataset_id"))
     num_shards = stage.num_shards or default_num_shards(sized["n_items"], stage.n_workers)
     shards = plan_shards(stage.test_set, sized["n_items"], num_shards)
     _remove_stale(stage, len(shards))
     force = _shards_to_redo(stage, shards, logger)
+    if any(force.values()):
+        removed = remove_merged(stage.out_dir)
+        if removed:
+            logger.info("%s: removed stale merged outputs %s", stage.test_set, ", ".join(removed))
     outcome = _run_shards(runner, stage, shards, force)
     outputs = runner.submit(merge_shards, {"stage": stage, "shard_indices": [s.index for s in shards]}).result()
     _forget_env(runner, stage)
     return {"test_set": stage.test_set, "shards": len(shards), "items": sized["n_items"],
-            "shards_run": outcome["run"], "shards_cached": outcome["cached"],
+            "shards_run": outcome["run"], "shards_cached": outcome["cached"], "failed": outcome["failed"],
             "seconds": time.perf_counter() - started, "outputs": outputs, "workers": sized["workers"]}
 
 
@@ -126,19 +156,21 @@ def _run_shards(runner, stage: Stage, shards: list[Shard], force: dict[int, bool
         pending[future.wrapped_future.key] = (future, shard)
         kinds[future.wrapped_future.key] = "shard"
     progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards))
-    counts, failures = {"run": 0, "cached": 0}, []
+    counts, failures = {"run": 0, "cached": 0, "failed": 0}, []
     stream = as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop)
     for done in stream:
         future, shard = pending.pop(done.key)
         try:
             result = future.result()
         except Exception as exc:  # failed after retries, or the worker died (KilledWorker)
-            failures.append(f"split.{shard.index} items [{shard.start}, {shard.stop}): {type(exc).__name__}: {one_line(exc)}")
+            failures.append(_failure(future, shard, exc))
             continue
         if kinds[done.key] == "marker":
             progress.advance(shard.n_items)
+            counts["failed"] += result.get("failed", 0)
         elif result.get("reused") or (future.state is not None and future.state.is_completed() and future.state.name == "Cached"):
             counts["cached"] += 1
+            counts["failed"] += result.get("failed", 0)
             progress.advance(shard.n_items)
         else:
             counts["run"] += 1
@@ -149,6 +181,16 @@ def _run_shards(runner, stage: Stage, shards: list[Shard], force: dict[int, bool
     if failures:
         raise Espnet3PrefectError(f"test set {stage.test_set!r}: {len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
     return counts
+
+
+def _failure(future, shard: Shard, exc: Exception) -> str:
+    """One line naming the shard; a shard whose worker died is marked Crashed in the API."""
+    where = f"split.{shard.index} items [{shard.start}, {shard.stop})"
+    if getattr(future, "_final_state", None) is None:  # Dask lost it: Prefect never saw the end
+        message = f"{where}: its worker died while running it ({type(exc).__name__}); not retried further"
+        mark_task_run_crashed(future.task_run_id, message)
+        return message
+    return f"{where}: {type(exc).__name__}: {one_line(exc)}"
 
 
 def _forget_env(runner, stage: Stage) -> None:

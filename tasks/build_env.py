@@ -24,8 +24,8 @@ def _not_input_error(task, task_run, state) -> bool:
 def build_env(stage) -> dict:
     """Register an :class:`EnvPlugin` (every worker builds the env, in a thread) and size the dataset.
 
-    Returns ``{"n_items": len(dataset), "workers": n}``: the plan needs the dataset length and
-    the driver never builds the dataset or the model itself.
+    Returns ``{"n_items": len(dataset), "workers": n, "dataset_id": ...}``: the plan needs the
+    dataset length, and the driver never builds the dataset or the model itself.
     """
     from distributed import get_client
 
@@ -41,4 +41,10 @@ def build_env(stage) -> dict:
         raise BadInputError(f"test set {stage.test_set!r}: dataset is empty")
     workers = len(client.scheduler_info(n_workers=-1)["workers"])
     logger.info("env %s built on %d worker(s); %d items", stage.env_key, workers, n_items)
-    return {"n_items": n_items, "workers": workers}
+    return {"n_items": n_items, "workers": workers, "dataset_id": dataset_id(env["dataset"])}
+
+
+def dataset_id(dataset) -> str | None:
+    """The dataset's own fingerprint when it offers ``fingerprint()`` (so changed data redoes shards)."""
+    method = getattr(dataset, "fingerprint", None)
+    return str(method()) if callable(method) else None

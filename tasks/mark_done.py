@@ -16,6 +16,9 @@ def write_done_marker(stage, result: dict) -> dict:
     now = shard_files(shard_dir)
     if now != result["files"]:
         raise Espnet3PrefectError(f"{shard_dir}: files changed between run-shard and write-done-marker")
-    record = {key: result[key] for key in ("test_set", "index", "start", "stop", "items", "seconds", "files")}
-    write_marker(shard_dir, {**record, "fingerprint": stage.fingerprint, "identity": stage.identity})
+    record = {key: result[key] for key in ("test_set", "index", "start", "stop", "items", "failed", "seconds", "files")}
+    from prefect.runtime import flow_run
+
+    write_marker(shard_dir, {**record, "fingerprint": stage.fingerprint, "identity": stage.identity,
+                             "flow_run_id": str(flow_run.id) if flow_run.id else None})
     return record

@@ -34,13 +34,22 @@ def run_shard(stage, shard: dict, force: bool = False) -> dict:
 
     Unless ``force``, a shard whose done marker and files are intact is not recomputed.
     """
+    from prefect.runtime import flow_run
+
     logger = get_run_logger()
     shard_dir = stage.shard_dir(shard["index"])
-    if not force and check_marker(shard_dir, marker_expectation(stage, shard)) is None:
+    marker = read_marker(shard_dir)
+    # Forced shards distrust earlier runs' markers, but not one written by this very flow run:
+    # Dask re-runs a finished task whose result died with its worker (prefect#15442).
+    trusted = not force or (marker or {}).get("flow_run_id") == str(flow_run.id)
+    if trusted and marker and check_marker(shard_dir, marker_expectation(stage, shard)) is None:
         logger.info("split.%d: done marker intact, nothing to do", shard["index"])
-        return {**read_marker(shard_dir), "reused": True}
+        return {**marker, "reused": True}
     env = get_env(stage.env_key, stage.runner.provider)
-    result = execute_shard(stage.runner, env, Shard(**shard), stage.out_dir)
+    result = execute_shard(stage.runner, env, Shard(**shard), stage.out_dir, on_error=stage.on_error)
     logger.info("split.%d: %d items [%d, %d) in %.2f s", shard["index"], result["items"],
                 shard["start"], shard["stop"], result["seconds"])
+    if result["failed"]:
+        logger.warning("split.%d: %d item(s) failed and were skipped (on_error: skip); see %s/failures.jsonl",
+                       shard["index"], result["failed"], shard_dir)
     return {**result, "reused": False}

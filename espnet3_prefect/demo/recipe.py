@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,6 +27,13 @@ class DTMFDataset:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def fingerprint(self) -> str:
+        """Changes when the corpus lists change, so regenerated data redoes finished shards."""
+        sha = hashlib.sha256()
+        for name in ("wav.scp", "text"):
+            sha.update((self.data_dir / name).read_bytes())
+        return sha.hexdigest()
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         utt_id, path, text = self.entries[idx]

@@ -6,6 +6,8 @@ Importable on Dask workers (tests/ is on sys.path via pytest's ``pythonpath``).
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,18 @@ def _append(path: str | None, line: str) -> None:
 
 
 class ToyDataset:
-    """Items ``{"utt_id", "x", "text"}``; ``bad`` maps index -> how the item is broken."""
+    """Items ``{"utt_id", "x", "text"}``; ``bad`` maps index -> how the item is broken.
 
-    def __init__(self, n: int, bad: dict | None = None):
+    Kinds: no_input, space_id, raise (reading fails), model_raise (the model fails on it),
+    kill_once:<flag file> (SIGKILL its worker the first time), kill_always.
+    """
+
+    def __init__(self, n: int, bad: dict | None = None, version_file: str | None = None):
         self.n, self.bad = n, {int(k): v for k, v in (bad or {}).items()}
+        self.version_file = version_file
+
+    def fingerprint(self) -> str | None:
+        return Path(self.version_file).read_text() if self.version_file else None
 
     def __len__(self) -> int:
         return self.n
@@ -36,23 +46,34 @@ class ToyDataset:
             item["utt_id"] = f"utt {idx}"
         elif kind == "raise":
             raise RuntimeError(f"cannot read item {idx}")
+        elif kind == "model_raise":
+            item["x"] = "boom"
+        elif kind == "kill_always" or (kind or "").startswith("kill_once:"):
+            flag = Path(kind.split(":", 1)[1]) if ":" in kind else None
+            if flag is None or not flag.exists():
+                if flag is not None:
+                    flag.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
         return item
 
 
 class ToyOrganizer:
     def __init__(self, test=()):
-        self.test = {t["name"]: ToyDataset(t["n"], t.get("bad")) for t in test}
+        self.test = {t["name"]: ToyDataset(t["n"], t.get("bad"), t.get("version_file")) for t in test}
 
 
 class ToyModel:
     """y = scale * x * x (+ offset); accepts one x or a list (batch)."""
 
-    def __init__(self, scale: int = 1, offset: int = 0, device: str = "cpu"):
-        self.scale, self.offset = scale, offset
+    def __init__(self, scale: int = 1, offset: int = 0, sleep_s: float = 0.0, device: str = "cpu"):
+        self.scale, self.offset, self.sleep_s = scale, offset, sleep_s
 
     def __call__(self, x: Any) -> Any:
         if isinstance(x, list):
             return [self(v) for v in x]
+        if x == "boom":
+            raise RuntimeError("model blew up")
+        time.sleep(self.sleep_s)
         return self.scale * x * x + self.offset
 
 

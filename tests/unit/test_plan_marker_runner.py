@@ -70,7 +70,7 @@ def test_inference_runner_writes_one_scp_per_field_in_order(tmp_path):
     runner = InferenceRunner(provider, batch_size=2, output_dir=tmp_path)
     shard = tmp_path / "split.0"
     shard.mkdir()
-    assert runner.write_shard(shard, range(5), env) == 5
+    assert runner.write_shard(shard, range(5), env) == (5, [])
     assert (shard / "hyp.scp").read_text() == "".join(f"u{i} h{i}\n" for i in range(5))
     assert (shard / "score.scp").read_text().splitlines()[3] == "u3 1.5"
     assert runner.merge([shard]) == {"hyp": str(tmp_path / "hyp.scp"), "score": str(tmp_path / "score.scp")}

@@ -1,0 +1,170 @@
+"""Faults on real LocalClusters: merged output is complete and identical to a clean run, or absent
+with a clear reason. (docs/reliability.md states the guarantees these tests hold us to.)"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import dask
+import pytest
+
+from espnet3_prefect import ConfigError
+from espnet3_prefect.lock import LOCK_NAME, LockedError, acquire
+from tests.conftest import ROOT, toy_config, write_yaml
+from tests.helpers.toy import read_lines
+
+pytestmark = pytest.mark.slow
+EXPECTED = lambda n: "".join(f"utt{i:05d} {3 * i * i}\n" for i in range(n))  # noqa: E731
+
+
+def run_infer(tmp_path, cfg: dict, overrides=(), **kwargs):
+    from espnet3_prefect.flows.infer import infer
+
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    return infer(config=[str(path)], overrides=list(overrides), **kwargs)
+
+
+def forward_counts(tmp_path) -> collections.Counter:
+    return collections.Counter(int(line.split()[1]) for line in read_lines(tmp_path / "forward.log"))
+
+
+def _task_run_state(flow_run_id, name):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return next(t.state for t in runs if t.name == name)
+
+
+def test_worker_killed_once_mid_shard_reruns_only_that_shard(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=20, num_shards=4, bad={7: f"kill_once:{tmp_path}/killed"})
+    [summary] = run_infer(tmp_path, cfg)
+    assert (tmp_path / "killed").exists()  # the fault did happen
+    assert (tmp_path / "inference/test_a/y.scp").read_text().replace(
+        "utt00007 ", "utt00007 ") == EXPECTED(20)
+    counts = forward_counts(tmp_path)
+    assert counts[7] == 2  # the interrupted item ran again...
+    assert all(counts[i] == 1 for i in range(20) if not 5 <= i < 10)  # ...other shards did not
+    assert summary["shards_run"] == 4
+
+
+def test_shard_that_always_kills_its_worker_fails_by_name_and_others_stay_done(prefect_server, tmp_path):
+    # The killer sits in the last shard: Dask also counts a death against tasks merely queued on
+    # the dying worker, so with few allowed failures an innocent shard could be declared killed too.
+    cfg = toy_config(tmp_path, n=20, num_shards=4, bad={17: "kill_always"})
+    with dask.config.set({"distributed.scheduler.allowed-failures": 2}):
+        state = run_infer(tmp_path, cfg, return_state=True)
+    assert state.is_failed()
+    message = str(state.message) + str(state.result(raise_on_failure=False))
+    assert "split.3 items [15, 20): its worker died while running it (KilledWorker)" in message
+    out = tmp_path / "inference/test_a"
+    assert all((out / f"split.{i}/done").is_file() for i in (0, 1, 2))
+    assert not (out / "split.3").exists() and not (out / "y.scp").exists()
+    task_state = _task_run_state(state.state_details.flow_run_id, "run-shard-3")
+    assert task_state.type.value == "CRASHED", task_state  # not left Running
+
+
+def test_killed_flow_process_resumes_unfinished_shards_and_crashes_the_stale_run(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=24, num_shards=6, n_workers=1)
+    cfg["model"]["sleep_s"] = 0.25
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    code = f"from espnet3_prefect.flows.infer import infer; infer(config=[{str(path)!r}])"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = tmp_path / "inference/test_a"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(out.glob("split.*/done"))) < 2:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the flow process and its workers, like a node failure
+    proc.wait()
+    done_before = len(list(out.glob("split.*/done")))
+    assert 2 <= done_before < 6
+    stale = json.loads((tmp_path / "inference" / LOCK_NAME).read_text())
+    (tmp_path / "forward.log").unlink()
+    [summary] = run_infer(tmp_path, cfg)
+    assert summary["shards_cached"] == done_before and summary["shards_run"] == 6 - done_before
+    assert (out / "y.scp").read_text() == EXPECTED(24)
+    from prefect import get_client
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(stale["flow_run_id"]).state.type.value == "CRASHED"
+
+
+def test_failing_utterance_fails_the_shard_naming_it(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=10, num_shards=2, bad={7: "model_raise"})
+    with pytest.raises(Exception, match="item 7 \\(utt_id='utt00007'\\): RuntimeError: model blew up"):
+        run_infer(tmp_path, cfg)
+
+
+def test_skip_policy_lists_failures_and_threshold_turns_too_many_into_failure(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=20, num_shards=2, batch_size=4, bad={7: "model_raise"})
+    cfg["runner"].update(on_error="skip", max_failed_ratio=0.1)
+    [summary] = run_infer(tmp_path, cfg)
+    out = tmp_path / "inference/test_a"
+    assert summary["failed"] == 1
+    assert (out / "y.scp").read_text() == EXPECTED(20).replace("utt00007 147\n", "")
+    [failure] = [json.loads(line) for line in read_lines(out / "failures.jsonl")]
+    assert failure["item"] == "item 7 (utt_id='utt00007')" and "model blew up" in failure["error"]
+
+    cfg["dataset"]["test"][0]["bad"] = {1: "model_raise", 7: "model_raise", 15: "model_raise"}
+    with pytest.raises(Exception, match="3 of 20 items failed \\(15.0%\\), above runner.max_failed_ratio 0.1"):
+        run_infer(tmp_path, cfg)
+    assert not (out / "y.scp").exists()  # absent, with the reason above
+    assert len(read_lines(out / "failures.jsonl")) == 3
+
+
+def test_changed_batch_size_or_data_redoes_shards(prefect_server, tmp_path):
+    version = tmp_path / "data_version"
+    version.write_text("v1")
+    cfg = toy_config(tmp_path, n=12, num_shards=3)
+    cfg["dataset"]["test"][0]["version_file"] = str(version)
+    run_infer(tmp_path, cfg)
+    [same] = run_infer(tmp_path, cfg)
+    assert same["shards_run"] == 0
+    version.write_text("v2")  # the data changed, the config did not
+    [redone] = run_infer(tmp_path, cfg)
+    assert redone["shards_run"] == 3
+    [rebatched] = run_infer(tmp_path, cfg, overrides=["batch_size=2"])
+    assert rebatched["shards_run"] == 3
+    assert (tmp_path / "inference/test_a/y.scp").read_text() == EXPECTED(12)
+
+
+def test_concurrent_run_on_the_same_folder_is_refused(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=4, num_shards=1)
+    holder = acquire(tmp_path / "inference", "other-run")
+    try:
+        with pytest.raises(LockedError, match=f"is in use by pid {os.getpid()} .*flow run other-run"):
+            run_infer(tmp_path, cfg)
+    finally:
+        holder.release()
+    assert not (tmp_path / "builds.log").exists()  # refused before any env was built
+
+
+def test_truncated_shard_file_after_marker_is_redone(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=12, num_shards=3)
+    run_infer(tmp_path, cfg)
+    shard_file = tmp_path / "inference/test_a/split.1/y.scp"
+    shard_file.write_text(shard_file.read_text()[:7])
+    (tmp_path / "forward.log").unlink()
+    [again] = run_infer(tmp_path, cfg)
+    assert again["shards_run"] == 1 and sorted(forward_counts(tmp_path)) == list(range(4, 8))
+    assert (tmp_path / "inference/test_a/y.scp").read_text() == EXPECTED(12)
+
+
+def test_unwritable_or_full_inference_dir_fails_before_compute(prefect_server, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    cfg = toy_config(tmp_path, n=4, num_shards=1, inference_dir=str(blocker / "inference"))
+    with pytest.raises(ConfigError, match="inference_dir: cannot write to .*a_file/inference/test_a: Not a directory"):
+        run_infer(tmp_path, cfg)
+    cfg = toy_config(tmp_path, n=4, num_shards=1)
+    cfg["runner"]["min_free_mb"] = 10 ** 12
+    with pytest.raises(ConfigError, match="inference_dir: only \\d+ MB free on .*runner.min_free_mb asks for"):
+        run_infer(tmp_path, cfg)
+    assert not (tmp_path / "builds.log").exists()
