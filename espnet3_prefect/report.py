@@ -19,6 +19,7 @@ class Progress:
         self.started = time.perf_counter()
         self._artifact_id = None
         self._last_pct = -1
+        self._artifact_pct, self._artifact_time = 0.0, time.perf_counter()
         if artifact:
             from prefect.artifacts import create_progress_artifact
 
@@ -30,11 +31,19 @@ class Progress:
         """One more shard done, covering ``items`` items."""
         self.shards += 1
         self.items += items
-        if self._artifact_id is not None:
+        self._update_artifact()
+        self._draw()
+
+    def _update_artifact(self) -> None:
+        """At most every 5% or 2 s, and at the end: each update is an API round trip (~40 ms)."""
+        pct = 100.0 * self.shards / self.total_shards
+        now = time.perf_counter()
+        due = pct - self._artifact_pct >= 5 or now - self._artifact_time >= 2 or self.shards == self.total_shards
+        if self._artifact_id is not None and due:
             from prefect.artifacts import update_progress_artifact
 
-            update_progress_artifact(self._artifact_id, progress=100.0 * self.shards / self.total_shards)
-        self._draw()
+            update_progress_artifact(self._artifact_id, progress=pct)
+            self._artifact_pct, self._artifact_time = pct, now
 
     def _draw(self) -> None:
         pct = int(100 * self.shards / max(1, self.total_shards))

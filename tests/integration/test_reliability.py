@@ -47,8 +47,7 @@ def test_worker_killed_once_mid_shard_reruns_only_that_shard(prefect_server, tmp
     cfg = toy_config(tmp_path, n=20, num_shards=4, bad={7: f"kill_once:{tmp_path}/killed"})
     [summary] = run_infer(tmp_path, cfg)
     assert (tmp_path / "killed").exists()  # the fault did happen
-    assert (tmp_path / "inference/test_a/y.scp").read_text().replace(
-        "utt00007 ", "utt00007 ") == EXPECTED(20)
+    assert (tmp_path / "inference/test_a/y.scp").read_text() == EXPECTED(20)
     counts = forward_counts(tmp_path)
     assert counts[7] == 2  # the interrupted item ran again...
     assert all(counts[i] == 1 for i in range(20) if not 5 <= i < 10)  # ...other shards did not
