@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -70,8 +71,14 @@ def run_infer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminate_cleanly(signum, frame) -> None:
+    """SIGTERM (scancel, kill, a deployment's cancel) unwinds like Ctrl-C: the server we started stops."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate_cleanly)
     _export_pythonpath()
     try:
         return run_infer(args)

@@ -29,13 +29,18 @@ def concat_files(parts: Sequence[Path], dest: Path) -> Path:
 MERGED_MANIFEST = ".merged.json"
 
 
+def read_merged_manifest(test_dir: Path) -> dict | None:
+    """What the last merge of ``test_dir`` recorded, or None."""
+    try:
+        return json.loads((test_dir / MERGED_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def remove_merged(test_dir: Path) -> list[str]:
     """Delete the merged outputs a previous merge recorded (they no longer match the shards)."""
     manifest = test_dir / MERGED_MANIFEST
-    try:
-        outputs = json.loads(manifest.read_text()).get("outputs", {})
-    except (OSError, ValueError):
-        return []
+    outputs = (read_merged_manifest(test_dir) or {}).get("outputs", {})
     removed = []
     for path in outputs.values():
         target = Path(path)

@@ -73,6 +73,12 @@ class Stage:
         return self.out_dir / f"split.{index}"
 
 
+def dataset_id(dataset: Any) -> str | None:
+    """The dataset's own fingerprint when it offers ``fingerprint()`` (so changed data redoes shards)."""
+    method = getattr(dataset, "fingerprint", None)
+    return str(method()) if callable(method) else None
+
+
 def _require_target(cfg: DictConfig, key: str) -> DictConfig:
     block = OmegaConf.select(cfg, key)
     if block is None:

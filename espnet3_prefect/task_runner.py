@@ -98,6 +98,16 @@ class ShardTaskRunner(DaskTaskRunner):
     {'n_workers': 1}
     """
 
+    def __enter__(self):
+        # A worker holds only the tasks it runs (Dask's default 1.1 queues a second one). Shards
+        # are coarse, so nothing is lost; and when a worker dies, Dask counts the death against
+        # every task on it: with queued tasks, an innocent shard could be declared killed.
+        import dask
+
+        super().__enter__()
+        self._exit_stack.enter_context(dask.config.set({"distributed.scheduler.worker-saturation": 1.0}))
+        return self
+
     def submit(self, task, parameters, wait_for=None, dependencies=None):
         if not self._started:
             raise RuntimeError("the task runner must be started before submitting work")

@@ -14,16 +14,17 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from espnet3_prefect.atomic import file_digest
 from espnet3_prefect.config import load_config
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
 from espnet3_prefect.lock import acquire
 from espnet3_prefect.marker import check_marker
-from espnet3_prefect.merge import remove_merged
+from espnet3_prefect.merge import read_merged_manifest, remove_merged
 from espnet3_prefect.parallel import build_task_runner
 from espnet3_prefect.plan import Shard, default_num_shards, plan_shards
 from espnet3_prefect.report import Progress, format_summary, publish_summary
 from espnet3_prefect.run_states import mark_flow_run_crashed, mark_task_run_crashed
-from espnet3_prefect.stage import Stage, prepare_stages
+from espnet3_prefect.stage import Stage, dataset_id, prepare_stages
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.mark_done import write_done_marker
 from espnet3_prefect.tasks.merge import merge_shards
@@ -53,13 +54,30 @@ def infer(config: list[str] | str, overrides: list[str] | None = None) -> list[d
     try:
         logger.info("parallel: env=%s n_workers=%d; test sets: %s", spec.env, spec.n_workers,
                     ", ".join(s.test_set for s in stages))
-        with build_task_runner(spec) as runner:
-            summaries = [run_test_set(runner, stage) for stage in stages]
+        summaries = _run_stages(spec, stages, logger)
     finally:
         lock.release()
     publish_summary(summaries)
     logger.info("summary:\n%s", format_summary(summaries))
     return summaries
+
+
+def _run_stages(spec, stages: list[Stage], logger) -> list[dict]:
+    """Run the test sets that need work; a run where none does starts no cluster at all."""
+    finished = {}
+    for stage in stages:
+        summary, why = already_complete(stage)
+        finished[stage.test_set] = summary
+        if summary:
+            logger.info("%s: all %d shards done and verified, merged outputs intact: nothing to run",
+                        stage.test_set, summary["shards"])
+        else:
+            logger.info("%s: to run (%s)", stage.test_set, why)
+    todo = [s for s in stages if finished[s.test_set] is None]
+    if todo:
+        with build_task_runner(spec) as runner:
+            finished.update({s.test_set: run_test_set(runner, s) for s in todo})
+    return [finished[s.test_set] for s in stages]
 
 
 def check_writable(out_dir: Path, min_free_mb: float = 0.0) -> None:
@@ -91,6 +109,41 @@ def _lock(inference_dir: Path, logger):
     return lock
 
 
+def already_complete(stage: Stage) -> tuple[dict | None, str]:
+    """``(summary, "")`` for a test set that needs no work, else ``(None, why)``; no cluster needed.
+
+    Needs: resume on, a merge manifest for this config+code, the dataset (built here, as ESPnet3
+    does for its length) of the same size and fingerprint, every shard's marker and files intact,
+    and the merged files unchanged.
+    """
+    started = time.perf_counter()
+    manifest = read_merged_manifest(stage.out_dir)
+    provider = stage.runner.provider
+    if not stage.resume or not manifest or not hasattr(provider, "build_dataset"):
+        return None, "not resumable" if not stage.resume else "no finished merge" if not manifest else "no build_dataset"
+    if manifest.get("identity_fingerprint") != stage.identity_fingerprint:
+        return None, "config or code changed since the last merge"
+    dataset = type(provider).build_dataset(provider.config)
+    stage = stage.with_dataset(dataset_id(dataset))
+    n_items = len(dataset)
+    if manifest.get("fingerprint") != stage.fingerprint or manifest.get("n_items") != n_items:
+        return None, "the dataset changed since the last merge"
+    shards = plan_shards(stage.test_set, n_items, stage.num_shards or default_num_shards(n_items, stage.n_workers))
+    if len(shards) != manifest.get("num_shards"):
+        return None, "the shard plan changed"
+    for shard in shards:
+        reason = check_marker(stage.shard_dir(shard.index), marker_expectation(stage, shard.to_dict()))
+        if reason is not None:
+            return None, reason
+    for name, digest in (manifest.get("digests") or {}).items():
+        path = Path(manifest["outputs"][name])
+        if not path.is_file() or file_digest(path) != digest:
+            return None, f"merged output {path.name} changed or is missing"
+    return {"test_set": stage.test_set, "shards": len(shards), "items": n_items, "shards_run": 0,
+            "shards_cached": len(shards), "failed": manifest.get("failed", 0), "outputs": manifest["outputs"],
+            "seconds": time.perf_counter() - started, "workers": 0}, ""
+
+
 def run_test_set(runner, stage: Stage) -> dict:
     """Plan, run and merge one test set; returns its summary (counts and seconds, no data)."""
     logger = get_run_logger()
@@ -106,7 +159,8 @@ def run_test_set(runner, stage: Stage) -> dict:
         if removed:
             logger.info("%s: removed stale merged outputs %s", stage.test_set, ", ".join(removed))
     outcome = _run_shards(runner, stage, shards, force)
-    outputs = runner.submit(merge_shards, {"stage": stage, "shard_indices": [s.index for s in shards]}).result()
+    outputs = runner.submit(merge_shards, {"stage": stage, "shard_indices": [s.index for s in shards],
+                                           "n_items": sized["n_items"]}).result()
     _forget_env(runner, stage)
     return {"test_set": stage.test_set, "shards": len(shards), "items": sized["n_items"],
             "shards_run": outcome["run"], "shards_cached": outcome["cached"], "failed": outcome["failed"],
@@ -187,8 +241,11 @@ def _failure(future, shard: Shard, exc: Exception) -> str:
     """One line naming the shard; a shard whose worker died is marked Crashed in the API."""
     where = f"split.{shard.index} items [{shard.start}, {shard.stop})"
     if getattr(future, "_final_state", None) is None:  # Dask lost it: Prefect never saw the end
+        from prefect.runtime import flow_run
+
         message = f"{where}: its worker died while running it ({type(exc).__name__}); not retried further"
-        mark_task_run_crashed(future.task_run_id, message)
+        mark_task_run_crashed(future.task_run_id, message, task=run_shard, name=f"run-shard-{shard.index}",
+                              flow_run_id=flow_run.id)
         return message
     return f"{where}: {type(exc).__name__}: {one_line(exc)}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 
 from espnet3_prefect.errors import BadInputError, ConfigError
+from espnet3_prefect.stage import dataset_id
 from espnet3_prefect.worker_env import EnvPlugin, get_env
 
 
@@ -42,9 +43,3 @@ def build_env(stage) -> dict:
     workers = len(client.scheduler_info(n_workers=-1)["workers"])
     logger.info("env %s built on %d worker(s); %d items", stage.env_key, workers, n_items)
     return {"n_items": n_items, "workers": workers, "dataset_id": dataset_id(env["dataset"])}
-
-
-def dataset_id(dataset) -> str | None:
-    """The dataset's own fingerprint when it offers ``fingerprint()`` (so changed data redoes shards)."""
-    method = getattr(dataset, "fingerprint", None)
-    return str(method()) if callable(method) else None

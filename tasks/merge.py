@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from espnet3_prefect.atomic import atomic_write_text
+from espnet3_prefect.atomic import atomic_write_text, file_digest
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.marker import MARKER_NAME, read_marker
 from espnet3_prefect.merge import MERGED_MANIFEST, concat_files
@@ -15,7 +15,7 @@ from espnet3_prefect.shard import FAILURES_NAME
 
 
 @task(name="merge", task_run_name="merge-{stage.test_set}", retries=1, retry_delay_seconds=1)
-def merge_shards(stage, shard_indices: list[int]) -> dict:
+def merge_shards(stage, shard_indices: list[int], n_items: int) -> dict:
     """Call ``runner.merge`` with the shard folders in plan order; every one must be marked done.
 
     Skipped items (``on_error: skip``) are gathered into ``failures.jsonl`` first; above
@@ -36,8 +36,11 @@ def merge_shards(stage, shard_indices: list[int]) -> dict:
             f"runner.max_failed_ratio {stage.max_failed_ratio}; see {stage.out_dir / FAILURES_NAME}")
     outputs = stage.runner.merge([Path(d) for d in dirs]) or {}
     outputs = {str(k): str(v) for k, v in outputs.items()} if isinstance(outputs, dict) else {}
-    atomic_write_text(stage.out_dir / MERGED_MANIFEST, json.dumps(
-        {"fingerprint": stage.fingerprint, "outputs": outputs, "failed": failed}, sort_keys=True))
+    digests = {name: file_digest(Path(path)) for name, path in outputs.items() if Path(path).is_file()}
+    atomic_write_text(stage.out_dir / MERGED_MANIFEST, json.dumps({
+        "fingerprint": stage.fingerprint, "identity_fingerprint": stage.identity_fingerprint,
+        "n_items": n_items, "num_shards": len(dirs), "outputs": outputs, "digests": digests,
+        "failed": failed}, sort_keys=True))
     logger.info("merged %d shards into %s", len(dirs), stage.out_dir)
     return {**outputs, **({"failures": str(stage.out_dir / FAILURES_NAME)} if failed else {})}
 
