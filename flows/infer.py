@@ -26,7 +26,7 @@ from espnet3_prefect.report import Progress, format_summary, publish_summary
 from espnet3_prefect.run_states import mark_flow_run_crashed, mark_task_run_crashed
 from espnet3_prefect.stage import Stage, dataset_id, prepare_stages
 from espnet3_prefect.tasks.build_env import build_env
-from espnet3_prefect.tasks.mark_done import write_done_marker
+from espnet3_prefect.tasks.mark_done import marker_label, write_done_marker
 from espnet3_prefect.tasks.merge import merge_shards
 from espnet3_prefect.tasks.run_shard import marker_expectation, run_shard
 
@@ -201,40 +201,54 @@ def _run_shards(runner, stage: Stage, shards: list[Shard], force: dict[int, bool
     """Submit every shard, write markers as shards finish, report progress; raise on failures."""
     from distributed import as_completed
 
-    pending, kinds = {}, {}
+    pending: dict = {}
     for shard in shards:
         task = run_shard.with_options(
             result_storage=stage.cache_dir, refresh_cache=force[shard.index], retries=stage.retries,
             retry_delay_seconds=list(stage.retry_delay_s))
         future = runner.submit(task, {"stage": stage, "shard": shard.to_dict(), "force": force[shard.index]})
-        pending[future.wrapped_future.key] = (future, shard)
-        kinds[future.wrapped_future.key] = "shard"
+        pending[future.wrapped_future.key] = ("shard", future, [shard])
     progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards))
-    counts, failures = {"run": 0, "cached": 0, "failed": 0}, []
-    stream = as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop)
+    counts, failures, unmarked = {"run": 0, "cached": 0, "failed": 0}, [], []
+    stream = as_completed([f.wrapped_future for _, f, _ in pending.values()], loop=runner.client.loop)
+    marking = None
     for done in stream:
-        future, shard = pending.pop(done.key)
+        kind, future, covered = pending.pop(done.key)
         try:
             result = future.result()
         except Exception as exc:  # failed after retries, or the worker died (KilledWorker)
-            failures.append(_failure(future, shard, exc))
-            continue
-        if kinds[done.key] == "marker":
-            progress.advance(shard.n_items)
-            counts["failed"] += result.get("failed", 0)
-        elif result.get("reused") or (future.state is not None and future.state.is_completed() and future.state.name == "Cached"):
-            counts["cached"] += 1
-            counts["failed"] += result.get("failed", 0)
-            progress.advance(shard.n_items)
+            failures.extend(_failure(future, shard, exc) for shard in covered)
         else:
-            counts["run"] += 1
-            marker = runner.submit(write_done_marker, {"stage": stage, "result": result})
-            pending[marker.wrapped_future.key] = (marker, shard)
-            kinds[marker.wrapped_future.key] = "marker"
-            stream.add(marker.wrapped_future)
+            _account(kind, future, result, covered, counts, progress, unmarked)
+        if kind == "marker":
+            marking = None
+        if unmarked and marking is None:  # one marker task in flight; the next takes what queued up
+            marking = runner.submit(write_done_marker, {"stage": stage, "results": [r for r, _ in unmarked],
+                                                        "label": marker_label([r for r, _ in unmarked])})
+            pending[marking.wrapped_future.key] = ("marker", marking, [s for _, s in unmarked])
+            stream.add(marking.wrapped_future)
+            unmarked = []
     if failures:
         raise Espnet3PrefectError(f"test set {stage.test_set!r}: {len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
     return counts
+
+
+def _account(kind, future, result, covered, counts, progress, unmarked) -> None:
+    """Book one finished future: a marker batch (shards done), a cached shard, or a shard to mark."""
+    if kind == "marker":
+        for record, shard in zip(result, covered):
+            counts["failed"] += record.get("failed", 0)
+            progress.advance(shard.n_items)
+        return
+    [shard] = covered
+    state = future.state
+    if result.get("reused") or (state is not None and state.is_completed() and state.name == "Cached"):
+        counts["cached"] += 1
+        counts["failed"] += result.get("failed", 0)
+        progress.advance(shard.n_items)
+    else:
+        counts["run"] += 1
+        unmarked.append((result, shard))
 
 
 def _failure(future, shard: Shard, exc: Exception) -> str:

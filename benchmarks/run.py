@@ -1,0 +1,215 @@
+"""The benchmark suite: every number is a ratio against a baseline measured in the same run.
+
+    .venv/bin/python -m benchmarks.run [--quick] [--out docs/benchmarks.md]
+
+Absolute times on shared 2-core machines are noise; the ratios are what to read. Not part of the
+test pass/fail. See docs/benchmarks.md for the last results and what they mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from . import baselines, synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Suite:
+    def __init__(self, work: Path, quick: bool):
+        self.work, self.quick, self.rows = work, quick, []
+        self.n = 2000 if quick else 10_000
+
+    def record(self, group: str, name: str, value: float, goal: str = "", note: str = "") -> None:
+        self.rows.append({"group": group, "name": name, "value": value, "goal": goal, "note": note})
+        print(f"  {group:<12} {name:<48} {value:10.3f}  {goal:<10} {note}", flush=True)
+
+    def config(self, name: str, n: int, cost_ms: float, workers: int, shards: int | None) -> Path:
+        path = self.work / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(synthetic.config(str(self.work / name), n, cost_ms, workers, shards)))
+        return path
+
+    def infer(self, name: str, n: int, cost_ms: float, workers: int, shards: int | None = None) -> tuple[float, dict]:
+        from espnet3_prefect.flows.infer import infer
+
+        path = self.config(name, n, cost_ms, workers, shards)
+        started = time.perf_counter()
+        [summary] = infer(config=[str(path)])
+        return time.perf_counter() - started, summary
+
+    def stage(self, name: str, n: int, cost_ms: float, workers: int, shards: int | None):
+        from espnet3_prefect.config import load_config
+        from espnet3_prefect.stage import prepare_stages
+
+        return prepare_stages(load_config([self.config(name, n, cost_ms, workers, shards)]))[1][0]
+
+
+def overhead_and_resume(s: Suite) -> None:
+    """1 + 4: infer vs plain Dask vs a sequential loop (2 ms forward, 2 workers); then resume."""
+    from espnet3_prefect.plan import default_num_shards
+
+    shards = default_num_shards(s.n, 2)
+    seq = baselines.sequential(s.stage("seq", s.n, 2.0, 1, None), s.n, s.work / "seq_out")
+    dask = baselines.plain_dask(s.stage("dask", s.n, 2.0, 2, shards), s.n, 2, shards, s.work / "dask_out")
+    flow, _ = s.infer("ovh", s.n, 2.0, 2)
+    same = (s.work / "dask_out/y.scp").read_bytes() == (s.work / "ovh/bench/y.scp").read_bytes() \
+        == (s.work / "seq_out/y.scp").read_bytes()
+    s.record("overhead", f"sequential loop, {s.n} items x 2 ms [s]", seq)
+    s.record("overhead", f"plain Dask client.map, {shards} shards, 2 workers [s]", dask)
+    s.record("overhead", "infer flow, same [s]", flow, note="outputs identical" if same else "OUTPUTS DIFFER")
+    s.record("overhead", "infer / plain Dask", flow / dask, "<= 1.05")
+    s.record("overhead", "plain Dask / sequential (2 workers)", dask / seq)
+    again, summary = s.infer("ovh", s.n, 2.0, 2)
+    s.record("resume", "re-run of the finished stage / first run", again / flow, "<= 0.03",
+             f"{summary['shards_run']} shards run")
+    s.record("resume", "re-run of the finished stage [s]", again)
+    first, killed, resumed = resume_after_kill(s)
+    s.record("resume", "resume after a kill at ~50% / uninterrupted run", resumed / first,
+             note=f"{killed} shards were done at the kill")
+
+
+def resume_after_kill(s: Suite) -> tuple[float, int, float]:
+    path = s.config("kill", s.n, 2.0, 2, None)
+    out = s.work / "kill/bench"
+    code = f"from espnet3_prefect.flows.infer import infer; infer(config=[{str(path)!r}])"
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from espnet3_prefect.plan import default_num_shards
+    half = default_num_shards(s.n, 2) // 2
+    while len(list(out.glob("split.*/done"))) < half and proc.poll() is None:
+        time.sleep(0.05)
+    first_part = time.perf_counter() - started
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = len(list(out.glob("split.*/done")))
+    resumed, _ = s.infer("kill", s.n, 2.0, 2)
+    full, _ = s.infer("kill_ref", s.n, 2.0, 2)
+    return full, killed, resumed if first_part else resumed
+
+
+def scaling(s: Suite) -> None:
+    """2: parallel efficiency 1 -> 2 workers (CPU-bound), and wall time vs items (linear?)."""
+    one, _ = s.infer("w1", s.n, 2.0, 1)
+    two, _ = s.infer("w2", s.n, 2.0, 2)
+    s.record("scaling", "1 worker [s]", one)
+    s.record("scaling", "2 workers [s]", two)
+    s.record("scaling", "parallel efficiency t1 / (2 t2)", one / (2 * two), ">= 0.90")
+    sizes = [1_000, 10_000] if s.quick else [1_000, 10_000, 100_000]
+    base = None
+    for n in sizes:
+        wall, _ = s.infer(f"items{n}", n, 0.0, 2)
+        base = base or wall / n
+        s.record("scaling", f"{n} items, zero-cost forward: s per item / s per item at 1k", (wall / n) / base,
+                 note=f"{wall:.2f} s")
+
+
+def shard_count(s: Suite) -> None:
+    """3: the default plan vs 1 and 10 shards per worker (2 workers, 2 ms forward)."""
+    from espnet3_prefect.plan import default_num_shards
+
+    default = default_num_shards(s.n, 2)
+    walls = {}
+    for label, shards in (("1 per worker", 2), ("10 per worker", 20), (f"default ({default})", None)):
+        walls[label], _ = s.infer(f"shards{shards}", s.n, 2.0, 2, shards)
+    ref = walls["1 per worker"]
+    for label, wall in walls.items():
+        s.record("shards", f"{label}: wall / 1-per-worker wall", wall / ref, note=f"{wall:.2f} s")
+
+
+def driver_memory(s: Suite) -> None:
+    """5: peak RSS of the flow process (and its workers) at 10k vs 1M items."""
+    sizes = (10_000, 200_000) if s.quick else (10_000, 1_000_000)
+    peaks = {n: _peak_rss(s, n) for n in sizes}
+    small, big = sizes
+    s.record("memory", f"driver peak RSS at {big} / at {small} items", peaks[big][0] / peaks[small][0], "<= 1.2",
+             f"{peaks[small][0]:.0f} -> {peaks[big][0]:.0f} MB")
+    s.record("memory", f"worker peak RSS at {big} / at {small} items", peaks[big][1] / peaks[small][1],
+             note=f"{peaks[small][1]:.0f} -> {peaks[big][1]:.0f} MB")
+
+
+def _peak_rss(s: Suite, n: int) -> tuple[float, float]:
+    path = s.config(f"mem{n}", n, 0.0, 2, None)
+    code = f"from benchmarks.memprobe import main; main({str(path)!r})"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def merge_vs_cat(s: Suite) -> None:
+    """6: merge of shard files / ``cat`` of the same files."""
+    from espnet3_prefect.merge import concat_files
+
+    parts = []
+    line = "utt%08d " + "x" * 90 + "\n"
+    for i in range(200):
+        part = s.work / f"merge/split.{i}.scp"
+        part.parent.mkdir(parents=True, exist_ok=True)
+        part.write_text("".join(line % (i * 2500 + j) for j in range(2500)))
+        parts.append(part)
+    started = time.perf_counter()
+    concat_files(parts, s.work / "merge/merged.scp")
+    ours = time.perf_counter() - started
+    started = time.perf_counter()
+    with open(s.work / "merge/cat.scp", "wb") as out:
+        subprocess.run(["cat", *map(str, parts)], stdout=out, check=True)
+    cat = time.perf_counter() - started
+    size_mb = (s.work / "merge/cat.scp").stat().st_size / 1e6
+    s.record("merge", f"merge / cat of the same 200 files ({size_mb:.0f} MB)", ours / cat, "<= 1.5",
+             f"{ours:.3f} s vs {cat:.3f} s, fsync included")
+
+
+def machine() -> str:
+    import prefect, distributed
+
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    return (f"{os.cpu_count()} cores, {mem_gb:.0f} GiB, {platform.platform()}, Python {platform.python_version()}, "
+            f"prefect {prefect.__version__}, distributed {distributed.__version__}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (about 1/5 of the time)")
+    parser.add_argument("--out", default=None, help="also write the results table here (markdown)")
+    parser.add_argument("--only", nargs="*", default=None,
+                        choices=["overhead", "scaling", "shards", "memory", "merge"])
+    args = parser.parse_args()
+    from espnet3_prefect.server import prefect_api
+
+    steps = {"overhead": overhead_and_resume, "scaling": scaling, "shards": shard_count,
+             "memory": driver_memory, "merge": merge_vs_cat}
+    print(f"machine: {machine()}")
+    work = Path(tempfile.mkdtemp(prefix="e3p-bench-"))
+    try:
+        with prefect_api(work / "home", ui=False):
+            suite = Suite(work, args.quick)
+            for name, step in steps.items():
+                if args.only is None or name in args.only:
+                    step(suite)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.out:
+        write_table(Path(args.out), suite.rows, args)
+
+
+def write_table(path: Path, rows: list[dict], args) -> None:
+    lines = [f"Machine: {machine()}", f"Command: `.venv/bin/python -m benchmarks.run"
+             f"{' --quick' if args.quick else ''}`", "", "| group | measure | value | goal | note |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['group']} | {r['name']} | {r['value']:.3f} | {r['goal']} | {r['note']} |" for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
