@@ -323,14 +323,61 @@ def _read_state(home: Path) -> dict | None:
         return None
 
 
-def _stop_pid(pid: int) -> bool:
-    """Stop the process group ``pid`` leads (TERM, then KILL); True when something was running."""
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux ``/proc``; empty elsewhere), parents first."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1:
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in parents.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def _stop_pid(pid: int, timeout_s: float = 15) -> bool:
+    """Stop ``pid``, its process group and every process it started, also those in their own session
+    (the worker starts each flow run as a child, which starts Dask workers): TERM, then KILL.
+    True when something was running."""
+    import signal
+
     from .server import stop_server
 
     if not _alive(pid):
         return False
-    stop_server(pid, timeout_s=15)
+    tree = _descendants(pid)
+    stop_server(pid, timeout_s=timeout_s)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        left = [p for p in tree if _alive(p)]
+        for child in left:
+            try:
+                os.kill(child, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while left and time.monotonic() < deadline:
+            left = [p for p in left if _alive(p) and not _reap(p)]
+            time.sleep(0.2)
     return True
+
+
+def _reap(pid: int) -> bool:
+    """True when ``pid`` is a zombie child of ours that is now reaped (or not our child)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == pid
+    except ChildProcessError:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+        except OSError:
+            return True
 
 
 def stop_local(args: argparse.Namespace) -> int:
