@@ -142,9 +142,9 @@ def prepare_metrics(cfg: DictConfig, *, check_inputs: bool = True) -> MetricsPla
     if not raw_dir:
         raise ConfigError("inference_dir: missing; set the folder infer wrote its <test_set>/*.scp into")
     inference_dir = Path(str(raw_dir)).expanduser().resolve()
+    specs = _metric_specs(cfg)
     if check_inputs and not inference_dir.is_dir():
         raise ConfigError(f"inference_dir: {inference_dir} does not exist; run infer first")
-    specs = _metric_specs(cfg)
     test_sets = _test_sets(cfg, inference_dir, check_inputs)
     if check_inputs:
         for test_set in test_sets:

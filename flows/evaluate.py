@@ -11,6 +11,7 @@ path re-runs the shards.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
     if unchanged:
         logger.info("model and config unchanged since the evaluation of %s: infer answers from its shard cache",
                     last["run_time"])
-    started = now_utc()
+    started, clock = now_utc(), time.monotonic()
     summaries = infer(config=infer_config, overrides=plan["infer_overrides"])
     results = metrics(config=metrics_config, overrides=plan["metrics_overrides"])
     shards_run = sum(s["shards_run"] for s in summaries)
@@ -95,7 +96,8 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
     logger.info("%s", status)
     labels = {spec.key: spec.label for spec in plan["metrics_plan"].metrics}
     record = {
-        "run_time": started, "inference_dir": str(out_dir), "config_fingerprint": fp, "model": identity,
+        "run_time": started, "seconds": round(time.monotonic() - clock, 1), "inference_dir": str(out_dir),
+        "config_fingerprint": fp, "model": identity,
         "model_changed": last is None or last.get("model", {}).get("id") != identity["id"],
         "answered_from_cache": from_cache, "shards_run": shards_run, "shards_cached": shards_cached,
         "flow_run_id": _flow_run_id(), "status": status, "scores": results,
