@@ -17,7 +17,7 @@ class CommandError(Espnet3PrefectError, RuntimeError):
 
 
 def run_command(cmd: Sequence[str], *, timeout_s: float = 60, check: bool = True,
-                env: dict | None = None) -> subprocess.CompletedProcess:
+                env: dict | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd``, log it, and raise :class:`CommandError` with its output when it fails.
 
     >>> run_command(["echo", "hi"]).stdout
@@ -26,7 +26,7 @@ def run_command(cmd: Sequence[str], *, timeout_s: float = 60, check: bool = True
     text = shlex.join(cmd)
     log.debug("running: %s", text)
     try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, env=env)
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd)
     except subprocess.TimeoutExpired:
         raise CommandError(f"command timed out after {timeout_s} s: {text}") from None
     except FileNotFoundError:

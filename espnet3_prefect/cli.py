@@ -2,6 +2,8 @@
 
     espnet3-prefect infer --config conf/inference.yaml [deployments/parallel_local.yaml] [key=value ...]
 
+Also ``metrics``, ``evaluate``, ``deploy-local`` and ``infer --detach`` (espnet3_prefect/cli_deploy.py).
+
 Without ``PREFECT_API_URL`` it starts (or reuses) one local Prefect server on 127.0.0.1.
 """
 
@@ -40,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="embedded server state (default $ESPNET3_PREFECT_HOME or ~/.espnet3-prefect)")
     infer.add_argument("--keep-server", action="store_true",
                        help="leave the embedded Prefect server running (to browse the UI afterwards)")
+    from .cli_deploy import register
+
+    register(sub, infer)  # metrics, evaluate, deploy-local, infer --detach
     return parser
 
 
@@ -81,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate_cleanly)
     _export_pythonpath()
     try:
+        if args.command != "infer" or args.detach:
+            from .cli_deploy import dispatch
+
+            return dispatch(args)
         return run_infer(args)
     except Espnet3PrefectError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)

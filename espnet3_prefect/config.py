@@ -51,7 +51,8 @@ def load_config(paths: Sequence[str | Path], overrides: Iterable[str] = ()) -> D
 
 def _read_yaml(path: Path) -> DictConfig:
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        raise ConfigError(f"config file not found: {path}{where}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

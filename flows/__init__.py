@@ -1,1 +1,1 @@
-"""Prefect flows: infer (and later metrics, evaluate)."""
+"""Prefect flows: infer, metrics, evaluate (infer then metrics, with a score history)."""

@@ -16,12 +16,14 @@ from prefect import flow, get_run_logger
 
 from espnet3_prefect.atomic import file_digest
 from espnet3_prefect.config import load_config
+from espnet3_prefect.dataprep import ensure_prepared
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
 from espnet3_prefect.lock import acquire
 from espnet3_prefect.marker import check_marker
 from espnet3_prefect.merge import read_merged_manifest, remove_merged
 from espnet3_prefect.parallel import build_task_runner
 from espnet3_prefect.plan import Shard, default_num_shards, plan_shards
+from espnet3_prefect.rundir import enter_workdir
 from espnet3_prefect.report import Progress, format_summary, publish_summary
 from espnet3_prefect.run_states import mark_flow_run_crashed, mark_task_run_crashed
 from espnet3_prefect.stage import Stage, dataset_id, prepare_stages
@@ -38,18 +40,24 @@ def _as_list(value: Any) -> list[str]:
 
 
 @flow(name="infer", log_prints=True)
-def infer(config: list[str] | str, overrides: list[str] | None = None) -> list[dict]:
+def infer(config: list[str] | str, overrides: list[str] | None = None, workdir: str | None = None) -> list[dict]:
     """Run the ESPnet3 infer stage for every test set of ``config`` (files merged left to right).
+
+    ``workdir``: run from that folder (relative paths, recipe modules), as deployments do for
+    ``espnet3-prefect infer --detach``.
 
     Example (embedded default: a local Prefect server and a local Dask cluster)::
 
         espnet3-prefect infer --config recipes/dtmf/conf/inference.yaml parallel.n_workers=2
     """
+    enter_workdir(workdir)
     cfg = load_config(_as_list(config), _as_list(overrides))
     spec, stages = prepare_stages(cfg)
     for stage in stages:
         check_writable(stage.out_dir, stage.min_free_mb)
     logger = get_run_logger()
+    for made in ensure_prepared(cfg):  # e.g. the DTMF demo's audio on a fresh clone
+        logger.info("prepared data: %s", made)
     lock = _lock(stages[0].out_dir.parent, logger)
     try:
         logger.info("parallel: env=%s n_workers=%d; test sets: %s", spec.env, spec.n_workers,

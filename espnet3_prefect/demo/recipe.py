@@ -47,6 +47,23 @@ class DTMFOrganizer:
     def __init__(self, test: Sequence[dict] = ()):
         self.test = {entry["name"]: DTMFDataset(entry["data_dir"]) for entry in test}
 
+    @staticmethod
+    def ensure_prepared(test: Sequence[dict] = ()) -> list[Path]:
+        """Generate the demo test sets named in ``test`` whose ``data_dir`` is not complete yet.
+
+        The infer flow calls this before any worker starts, so a deployment of the demo runs
+        from a fresh clone. Test sets with other names are left alone.
+        """
+        made = []
+        for entry in test:
+            spec = DEMO_TEST_SETS.get(entry.get("name"))
+            out = Path(entry.get("data_dir", ""))
+            if spec is not None and entry.get("data_dir") and not (out / "text").is_file():
+                n_utts, noise_db, seed = spec
+                make_corpus(out, n_utts, seed=seed, noise_db=noise_db)
+                made.append(out)
+        return made
+
 
 class DTMFRecognizer:
     """Model with the ESPnet3 call shape: ``model(speech=array)`` -> text, or a list for a batch."""

@@ -1,0 +1,135 @@
+"""Flow ``evaluate``: ``infer`` then ``metrics`` (subflows), recorded in a history with a trend.
+
+validate both configs -> model identity -> infer (cached shards are reused) -> metrics ->
+append ``<inference_dir>/evaluate_history.jsonl`` -> ``evaluate_history.png`` -> markdown artifact.
+
+A run whose model and config are unchanged since the last evaluation is answered from infer's
+shard cache (no shard runs) and says so. When the model is a file (a checkpoint named in the
+``model`` block), its content hash joins infer's fingerprint, so a new checkpoint at the same
+path re-runs the shards.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from espnet3_prefect.config import fingerprint, identity_config, load_config
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.history import (HISTORY_FILE, PLOT_FILE, append_history, describe_model, model_identity,
+                                     now_utc, read_history, trend_markdown, write_plot)
+from espnet3_prefect.metrics_stage import prepare_metrics
+from espnet3_prefect.rundir import as_list, enter_workdir
+from espnet3_prefect.stage import prepare_stages
+
+from espnet3_prefect.flows.infer import infer
+from espnet3_prefect.flows.metrics import headline, metrics
+
+MODEL_ID_KEY = "evaluate_model_id"
+
+
+def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_overrides=None) -> dict:
+    """Load and validate both configs (nothing runs); fill the metrics config from the inference one.
+
+    The metrics config may omit ``inference_dir`` and ``dataset.test``: they come from the
+    inference config. A different ``inference_dir`` is an error.
+    """
+    icfg = load_config(as_list(infer_config), as_list(infer_overrides))
+    _, stages = prepare_stages(icfg)
+    inference_dir = Path(str(icfg.inference_dir)).expanduser().resolve()
+    m_overrides = list(as_list(metrics_overrides))
+    probe = load_config(as_list(metrics_config), m_overrides)
+    if not probe.get("inference_dir"):
+        m_overrides.append(f"+inference_dir={inference_dir}")
+    elif Path(str(probe.inference_dir)).expanduser().resolve() != inference_dir:
+        raise ConfigError(f"inference_dir: the metrics config reads {probe.inference_dir} but infer writes "
+                          f"{icfg.inference_dir}; drop it from the metrics config or make them equal")
+    if probe.get("dataset") is None or probe.dataset.get("test") is None:
+        names = ", ".join(f"{{name: {s.test_set}}}" for s in stages)
+        m_overrides.append(f"+dataset.test=[{names}]")
+    mcfg = load_config(as_list(metrics_config), m_overrides)
+    mplan = prepare_metrics(mcfg, check_inputs=False)
+    identity = model_identity(icfg)
+    i_overrides = list(as_list(infer_overrides))
+    if identity["kind"] == "files":  # the checkpoint's content joins infer's fingerprint
+        i_overrides.append(f"+{MODEL_ID_KEY}={identity['id']}")
+    return {"inference_dir": inference_dir, "infer_overrides": i_overrides, "metrics_overrides": m_overrides,
+            "identity": identity, "metrics_plan": mplan,
+            "config_fingerprint": fingerprint({"infer": identity_config(icfg), "metrics": mplan.fingerprint})}
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
+             infer_overrides: list[str] | None = None, metrics_overrides: list[str] | None = None,
+             workdir: str | None = None) -> dict[str, Any]:
+    """Evaluate a model: infer (subflow), metrics (subflow), history, trend artifact and plot.
+
+    Returns this run's history record. Example::
+
+        espnet3-prefect evaluate --config recipes/dtmf/conf/inference.yaml \\
+            --metrics-config recipes/dtmf/conf/metrics.yaml
+    """
+    enter_workdir(workdir)
+    plan = plan_evaluation(infer_config, metrics_config, infer_overrides, metrics_overrides)
+    logger = get_run_logger()
+    out_dir: Path = plan["inference_dir"]
+    history_path, plot_path = out_dir / HISTORY_FILE, out_dir / PLOT_FILE
+    history = read_history(history_path)
+    last = history[-1] if history else None
+    identity, fp = plan["identity"], plan["config_fingerprint"]
+    unchanged = (last is not None and last.get("model", {}).get("id") == identity["id"]
+                 and last.get("config_fingerprint") == fp)
+    logger.info("model: %s", describe_model(identity))
+    if unchanged:
+        logger.info("model and config unchanged since the evaluation of %s: infer answers from its shard cache",
+                    last["run_time"])
+    started, clock = now_utc(), time.monotonic()
+    summaries = infer(config=infer_config, overrides=plan["infer_overrides"])
+    results = metrics(config=metrics_config, overrides=plan["metrics_overrides"])
+    shards_run = sum(s["shards_run"] for s in summaries)
+    shards_cached = sum(s["shards_cached"] for s in summaries)
+    from_cache = unchanged and shards_run == 0
+    status = _status(last, unchanged, from_cache, shards_run, shards_cached)
+    logger.info("%s", status)
+    labels = {spec.key: spec.label for spec in plan["metrics_plan"].metrics}
+    record = {
+        "run_time": started, "seconds": round(time.monotonic() - clock, 1), "inference_dir": str(out_dir),
+        "config_fingerprint": fp, "model": identity,
+        "model_changed": last is None or last.get("model", {}).get("id") != identity["id"],
+        "answered_from_cache": from_cache, "shards_run": shards_run, "shards_cached": shards_cached,
+        "flow_run_id": _flow_run_id(), "status": status, "scores": results,
+        "headline": {labels[key]: {test: headline(labels[key], result) for test, result in per_test.items()}
+                     for key, per_test in results.items()},
+    }
+    append_history(history_path, record)
+    records = [*history, record]
+    write_plot(records, plot_path)
+    from prefect.artifacts import create_markdown_artifact
+
+    create_markdown_artifact(markdown=trend_markdown(records, plot_path, status), key="evaluate-trend",
+                             description=f"evaluate: score trend of {out_dir}")
+    logger.info("history: %s (%d runs); plot: %s", history_path, len(records), plot_path)
+    return record
+
+
+def _status(last: dict | None, unchanged: bool, from_cache: bool, shards_run: int, shards_cached: int) -> str:
+    total = shards_run + shards_cached
+    if from_cache:
+        return (f"answered from cache: model and config unchanged since {last['run_time']}; "
+                f"infer ran 0 of {total} shards, scores recomputed from the cached outputs")
+    if unchanged:
+        return (f"model and config unchanged since {last['run_time']}, but {shards_run} of {total} shards "
+                f"re-ran (their outputs were missing or changed)")
+    if last is None:
+        return f"first evaluation: infer ran {shards_run} of {total} shards ({shards_cached} reused from cache)"
+    return (f"model or config changed since {last['run_time']}: infer ran {shards_run} of {total} shards "
+            f"({shards_cached} reused from cache)")
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id) if flow_run.id else None

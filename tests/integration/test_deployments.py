@@ -1,0 +1,189 @@
+"""Deployments for real: `espnet3-prefect deploy-local` (a real Prefect server and a real process
+worker on 127.0.0.1, free port), `prefect deploy --all` from prefect.yaml, then
+`prefect deployment run` of infer/local, evaluate/local and metrics/local to completion, bad
+parameters failing at once, `infer --detach` from another folder, the nightly cron schedule, and
+everything stopped after.
+
+The project is a copy of the checkout's deployment files in a temp folder (a "fresh clone": no
+demo data), so the runs write there and the flow generates the demo audio itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+WER_T = "espnet3.systems.asr.metrics.wer.WER"
+CER_T = "espnet3.systems.asr.metrics.cer.CER"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """deploy-local on a copy of the project; yields (project, env, state); stopped after."""
+    from espnet3_prefect.server import free_port
+
+    base = tmp_path_factory.mktemp("deploy")
+    project = base / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "prefect.yaml", project)
+    for folder in ("flows", "recipes", "deployments"):
+        shutil.copytree(ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    home = base / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
+    started = time.monotonic()
+    proc = subprocess.run([*CLI, "deploy-local", "--port", str(free_port()), "--project-dir", str(project)],
+                          env=env, capture_output=True, text=True, timeout=400)
+    state_file = home / "deploy-local.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else None
+    try:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert "ready in" in proc.stdout and "stop:    espnet3-prefect deploy-local --stop" in proc.stdout
+        assert state["api_url"].startswith("http://127.0.0.1:") and f"UI:      {state['ui_url']}" in proc.stdout
+        env = {**env, "PREFECT_API_URL": state["api_url"], "PREFECT_HOME": str(home / "client_home")}
+        yield {"project": project, "env": env, "state": state, "home": home, "started": started, "base": base}
+    finally:
+        stop = subprocess.run([*CLI, "deploy-local", "--stop"], env={**env, "ESPNET3_PREFECT_HOME": str(home)},
+                              capture_output=True, text=True, timeout=120)
+        if state is not None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (_alive(state["worker_pid"]) or _alive(state["server_pid"])):
+                time.sleep(0.5)
+            assert not _alive(state["worker_pid"]) and not _alive(state["server_pid"]), stop.stdout + stop.stderr
+            assert not state_file.exists()
+
+
+def deployment_run(d, name: str, *params: str, timeout: int = 420) -> subprocess.CompletedProcess:
+    cmd = [PREFECT, "deployment", "run", name, "--watch", "--watch-interval", "1"]
+    for param in params:
+        cmd += ["--param", param]
+    return subprocess.run(cmd, env=d["env"], cwd=d["base"], capture_output=True, text=True, timeout=timeout)
+
+
+def last_run(d, name: str):
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with SyncPrefectClient(d["state"]["api_url"]) as client:
+        deployment = client.read_deployment_by_name(name)
+        [run] = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
+                                      sort=FlowRunSort.START_TIME_DESC, limit=1)
+    return run
+
+
+def test_infer_local_then_evaluate_local_on_the_demo(deployed):
+    d = deployed
+    run = deployment_run(d, "infer/local")
+    seconds = time.monotonic() - d["started"]
+    assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    print(f"\ndeploy-local -> finished infer/local run (fresh project, demo data generated): {seconds:.1f} s")
+    out = d["project"] / "exp/dtmf/inference"
+    for test_set, n in (("test_clean", 300), ("test_noisy", 200)):
+        hyp = (out / test_set / "hyp.scp").read_text().splitlines()
+        ref = (out / test_set / "ref.scp").read_text().splitlines()
+        assert len(hyp) == n and hyp == ref  # the DTMF demo decodes every utterance correctly
+
+    run = deployment_run(d, "evaluate/local")
+    assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    scores = json.loads((out / "metrics.json").read_text())
+    assert list(scores) == [WER_T, CER_T]
+    for test_set, words in (("test_clean", 300), ("test_noisy", 200)):
+        assert scores[WER_T][test_set]["WER"] == 0.0 and scores[WER_T][test_set]["WER_ref_len"] == words
+        assert scores[CER_T][test_set]["CER"] == 0.0 and scores[CER_T][test_set]["CER_errors"] == 0
+    [record] = [json.loads(x) for x in (out / "evaluate_history.jsonl").read_text().splitlines()]
+    assert record["shards_run"] == 0 and record["shards_cached"] == 64  # infer/local's shards, reused
+    assert record["model"]["kind"] == "config" and record["headline"]["WER"] == {"test_clean": 0.0, "test_noisy": 0.0}
+    assert (out / "evaluate_history.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_metrics_local_on_known_errors(deployed):
+    d = deployed
+    src = d["project"] / "exp/dtmf/inference/test_clean"
+    dst = d["project"] / "exp/errors/inference/test_clean"
+    dst.mkdir(parents=True)
+    refs = [line.split(" ", 1) for line in (src / "ref.scp").read_text().splitlines()]
+    shutil.copy(src / "ref.scp", dst / "ref.scp")
+    hyps = [[u, t] for u, t in refs]
+    hyps[0][1] = ""  # an empty hyp: its digits are all deletions
+    hyps[1][1] = ("1" if hyps[1][1][0] != "1" else "2") + hyps[1][1][1:]  # one digit substituted
+    (dst / "hyp.scp").write_text("".join(f"{u} {t}\n" for u, t in hyps))
+    run = deployment_run(d, "metrics/local", 'overrides=["inference_dir=exp/errors/inference", "~dataset"]')
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    scores = json.loads((dst.parent / "metrics.json").read_text())
+    chars = sum(len(t) for _, t in refs)
+    assert scores[WER_T]["test_clean"]["WER"] == round(100 * 2 / 300, 2) == 0.67
+    assert scores[WER_T]["test_clean"]["WER_del"] == 1 and scores[WER_T]["test_clean"]["WER_sub"] == 1
+    assert scores[CER_T]["test_clean"]["CER"] == round(100 * (len(refs[0][1]) + 1) / chars, 2)
+
+
+def test_bad_parameters_fail_the_run_at_once_with_the_message(deployed):
+    d = deployed
+    run = deployment_run(d, "infer/local", 'overrides=["parallel.env=slrum"]', timeout=180)
+    assert run.returncode != 0
+    failed = last_run(d, "infer/local")
+    assert failed.state.is_failed() and "parallel.env: unknown backend 'slrum'" in failed.state.message
+    assert failed.total_run_time.total_seconds() < 10  # config checked before any cluster starts
+    run = deployment_run(d, "evaluate/local", 'metrics_config=["recipes/dtmf/conf/nope.yaml"]', timeout=180)
+    failed = last_run(d, "evaluate/local")
+    assert failed.state.is_failed() and "config file not found: recipes/dtmf/conf/nope.yaml" in failed.state.message
+
+
+def test_infer_detach_returns_at_once_and_the_run_finishes_in_its_folder(deployed):
+    from prefect.client.orchestration import SyncPrefectClient
+
+    d = deployed
+    elsewhere = d["base"] / "elsewhere"
+    elsewhere.mkdir()
+    data = d["project"] / "exp/dtmf/data/test_noisy"
+    started = time.monotonic()
+    proc = subprocess.run([*CLI, "infer", "--detach", "--config", str(d["project"] / "recipes/dtmf/conf/inference.yaml"),
+                           "inference_dir=exp/detached", f"dataset.test=[{{name: test_noisy, data_dir: {data}}}]",
+                           "parallel.n_workers=1"],
+                          env={k: v for k, v in d["env"].items() if k != "PREFECT_API_URL"}, cwd=elsewhere,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.monotonic() - started < 60
+    run_id = proc.stdout.split("flow run id: ")[1].split()[0]
+    assert f"{d['state']['ui_url']}/runs/flow-run/{run_id}" in proc.stdout
+    with SyncPrefectClient(d["state"]["api_url"]) as client:  # the submitting process is gone by now
+        deadline = time.monotonic() + 300
+        while not (run := client.read_flow_run(run_id)).state.is_final() and time.monotonic() < deadline:
+            time.sleep(1)
+    assert run.state.is_completed(), run.state.message
+    assert run.parameters["workdir"] == str(elsewhere)
+    assert len((elsewhere / "exp/detached/test_noisy/hyp.scp").read_text().splitlines()) == 200
+
+
+def test_nightly_carries_its_cron_schedule_and_every_deployment_exists(deployed):
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(deployed["state"]["api_url"]) as client:
+        nightly = client.read_deployment_by_name("evaluate/nightly")
+        names = {f"{client.read_flow(dep.flow_id).name}/{dep.name}" for dep in client.read_deployments()}
+    [schedule] = nightly.schedules
+    assert schedule.schedule.cron == "0 3 * * *" and schedule.schedule.timezone == "America/New_York"
+    assert schedule.active
+    assert names == {"infer/local", "infer/local_gpu", "infer/slurm", "metrics/local", "evaluate/local",
+                     "evaluate/nightly"}
+    assert nightly.work_pool_name == "espnet3-local"
