@@ -164,10 +164,13 @@ def merge_vs_cat(s: Suite) -> None:
     started = time.perf_counter()
     with open(s.work / "merge/cat.scp", "wb") as out:
         subprocess.run(["cat", *map(str, parts)], stdout=out, check=True)
-    cat = time.perf_counter() - started
+        cat = time.perf_counter() - started
+        os.fsync(out.fileno())  # ours is durable (temp name, fsync, rename): compare like with like
+    cat_synced = time.perf_counter() - started
     size_mb = (s.work / "merge/cat.scp").stat().st_size / 1e6
-    s.record("merge", f"merge / cat of the same 200 files ({size_mb:.0f} MB)", ours / cat, "<= 1.5",
-             f"{ours:.3f} s vs {cat:.3f} s, fsync included")
+    s.record("merge", f"merge / (cat + fsync) of the same 200 files ({size_mb:.0f} MB)", ours / cat_synced,
+             "<= 1.5", f"{ours:.3f} s vs {cat_synced:.3f} s")
+    s.record("merge", "merge / plain cat (no fsync)", ours / cat, note=f"cat alone {cat:.3f} s")
 
 
 def machine() -> str:
