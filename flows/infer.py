@@ -14,10 +14,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.config import load_config
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
 from espnet3_prefect.marker import check_marker
-from espnet3_prefect.parallel import build_task_runner
 from espnet3_prefect.plan import Shard, default_num_shards, plan_shards
 from espnet3_prefect.report import Progress, format_summary, publish_summary
 from espnet3_prefect.stage import Stage, prepare_stages
@@ -33,7 +33,7 @@ def _as_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
-@flow(name="infer", log_prints=True)
+@flow(name="infer", log_prints=True, on_cancellation=[cancel_jobs_hook], on_crashed=[cancel_jobs_hook])
 def infer(config: list[str] | str, overrides: list[str] | None = None) -> list[dict]:
     """Run the ESPnet3 infer stage for every test set of ``config`` (files merged left to right).
 
@@ -48,7 +48,7 @@ def infer(config: list[str] | str, overrides: list[str] | None = None) -> list[d
     logger = get_run_logger()
     logger.info("parallel: env=%s n_workers=%d; test sets: %s", spec.env, spec.n_workers,
                 ", ".join(s.test_set for s in stages))
-    with build_task_runner(spec) as runner:
+    with open_task_runner(spec, log_root=stages[0].out_dir.parent, logger=logger) as runner:
         summaries = [run_test_set(runner, stage) for stage in stages]
     publish_summary(summaries)
     logger.info("summary:\n%s", format_summary(summaries))
@@ -79,7 +79,7 @@ def run_test_set(runner, stage: Stage) -> dict:
     outputs = runner.submit(merge_shards, {"stage": stage, "shard_indices": [s.index for s in shards]}).result()
     _forget_env(runner, stage)
     return {"test_set": stage.test_set, "shards": len(shards), "items": sized["n_items"],
-            "shards_run": outcome["run"], "shards_cached": outcome["cached"],
+            "shards_run": outcome["run"], "shards_cached": outcome["cached"], "jobs": sorted(outcome["jobs"]),
             "seconds": time.perf_counter() - started, "outputs": outputs, "workers": sized["workers"]}
 
 
@@ -126,7 +126,7 @@ def _run_shards(runner, stage: Stage, shards: list[Shard], force: dict[int, bool
         pending[future.wrapped_future.key] = (future, shard)
         kinds[future.wrapped_future.key] = "shard"
     progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards))
-    counts, failures = {"run": 0, "cached": 0}, []
+    counts, failures = {"run": 0, "cached": 0, "jobs": set()}, []
     stream = as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop)
     for done in stream:
         future, shard = pending.pop(done.key)
@@ -142,6 +142,7 @@ def _run_shards(runner, stage: Stage, shards: list[Shard], force: dict[int, bool
             progress.advance(shard.n_items)
         else:
             counts["run"] += 1
+            counts["jobs"].update(filter(None, [result.get("slurm_job_id") or result.get("sge_job_id")]))  # batch job
             marker = runner.submit(write_done_marker, {"stage": stage, "result": result})
             pending[marker.wrapped_future.key] = (marker, shard)
             kinds[marker.wrapped_future.key] = "marker"
