@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="embedded server state (default $ESPNET3_PREFECT_HOME or ~/.espnet3-prefect)")
     infer.add_argument("--keep-server", action="store_true",
                        help="leave the embedded Prefect server running (to browse the UI afterwards)")
+    from .cli_cluster import add_cluster_script_parser
+
+    add_cluster_script_parser(sub)
     return parser
 
 
@@ -74,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _export_pythonpath()
     try:
-        return run_infer(args)
+        return args.run(args) if hasattr(args, "run") else run_infer(args)
     except Espnet3PrefectError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1

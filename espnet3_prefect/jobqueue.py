@@ -264,6 +264,7 @@ def render_job_script(cluster_class: type, kwargs: Mapping[str, Any]) -> str:
     from distributed.core import Status
 
     kwargs = {k: v for k, v in kwargs.items() if k != "n_workers"}
+    created = _first_missing(kwargs.get("log_directory"))  # dask-jobqueue creates the folder: undo that
 
     async def build() -> str:
         cluster = cluster_class(asynchronous=True, **kwargs)
@@ -288,3 +289,63 @@ def render_job_script(cluster_class: type, kwargs: Mapping[str, Any]) -> str:
         from .errors import one_line
 
         raise ConfigError(f"parallel.options: {cluster_class.__name__} rejects them: {one_line(exc)}") from None
+    finally:
+        if created is not None:
+            _remove_empty_tree(created)
+
+
+def _first_missing(path: Any) -> str | None:
+    """The outermost folder of ``path`` that does not exist yet (None when it all exists)."""
+    if not path:
+        return None
+    current = os.path.abspath(os.path.expanduser(str(path)))
+    missing = None
+    while not os.path.exists(current):
+        missing = current
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return missing
+
+
+def _remove_empty_tree(top: str) -> None:
+    for root, _dirs, _files in os.walk(top, topdown=False):  # deepest first
+        try:
+            os.rmdir(root)
+        except OSError:
+            return  # not empty: someone wrote there meanwhile; leave it
+
+
+KUBE_REQUIRED = ("image",)
+
+
+def check_kube_options(options: Mapping[str, Any]) -> None:
+    """``env: kube`` needs an image with espnet3-prefect and the recipe in it; env/resources are mappings."""
+    for key in KUBE_REQUIRED:
+        if not options.get(key):
+            raise ConfigError(f"parallel.options.{key}: required for env 'kube' "
+                              f"(a container image with espnet3-prefect and your recipe installed)")
+    for key in ("env", "resources"):
+        value = options.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"parallel.options.{key}: must be a mapping, got {type(value).__name__}")
+
+
+def kube_kwargs(n_workers: int, options: Mapping[str, Any], *, job_name: str,
+                environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``dask_kubernetes.operator.KubeCluster`` arguments: named after the run, Prefect API URL in the env."""
+    options = dict(options)
+    env = {**exported_environment(environ), **{str(k): str(v) for k, v in (options.pop("env", None) or {}).items()}}
+    return {"name": job_name, **options, "env": env, "n_workers": n_workers}
+
+
+def render_kube_spec(kwargs: Mapping[str, Any]) -> dict | None:
+    """The ``DaskCluster`` resource KubeCluster would create, or None without dask_kubernetes."""
+    try:
+        from dask_kubernetes.operator import make_cluster_spec
+    except ImportError:
+        return None
+    passed = {k: kwargs[k] for k in ("image", "resources", "env", "worker_command", "scheduler_service_type",
+                                     "idle_timeout", "jupyter") if kwargs.get(k) is not None}
+    return make_cluster_spec(name=kwargs["name"], n_workers=kwargs.get("n_workers"), **passed)

@@ -126,6 +126,8 @@ def _check_options(env: str, options: dict, lifetime_margin_s: float | None = No
                 raise ConfigError(
                     f"parallel.options.{key}: a batch-scheduler option, not valid with env {env!r} "
                     f"(it belongs under env: {'/'.join(JOBQUEUE_ENVS)})")
+    if env == "kube":
+        jobqueue.check_kube_options(options)
     valid = _valid_options(env)
     if valid is None:
         return
@@ -225,6 +227,8 @@ def cluster_kwargs(spec: ParallelSpec, *, job_name: str = "e3p-preview", log_dir
         return jobqueue.jobqueue_kwargs(spec.env, spec.n_workers, options, job_name=job_name,
                                         log_directory=log_directory, lifetime=worker_lifetime(spec),
                                         environ=environ)
+    if spec.env == "kube":
+        return jobqueue.kube_kwargs(spec.n_workers, options, job_name=job_name, environ=environ)
     return {**options, "n_workers": spec.n_workers}
 
 
