@@ -17,8 +17,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 def add_cluster_script_parser(sub) -> None:
     """Register the ``cluster-script`` subcommand on ``sub`` (an argparse subparsers object)."""
     parser = sub.add_parser("cluster-script", help="print the job script the parallel block would submit (submits nothing)",
@@ -34,13 +32,13 @@ def cluster_preview(cfg) -> tuple[str, str]:
     from omegaconf import OmegaConf
 
     from .cluster import default_log_directory
-    from .jobqueue import JOBQUEUE_ENVS, render_job_script, render_kube_spec
+    from .jobqueue import JOBQUEUE_ENVS, dump_yaml, render_job_script, render_kube_spec
     from .parallel import ParallelSpec, cluster_kwargs, load_cluster_class
 
     block = cfg.get("parallel")
     spec = ParallelSpec.from_config(OmegaConf.to_container(block, resolve=True) if block else None)
     if spec.address:
-        return "yaml", yaml.safe_dump({"address": spec.address, "n_workers": spec.n_workers}, sort_keys=False)
+        return "yaml", dump_yaml({"address": spec.address, "n_workers": spec.n_workers})
     inference_dir = Path(str(cfg.get("inference_dir") or ".")).expanduser().resolve()
     job_name = f"{spec.options.get('job_name') or 'e3p'}-preview"
     log_dir = default_log_directory(inference_dir, job_name)
@@ -50,10 +48,10 @@ def cluster_preview(cfg) -> tuple[str, str]:
     if spec.env == "kube":
         resource = render_kube_spec(kwargs)
         if resource is not None:
-            return "yaml", yaml.safe_dump(resource, sort_keys=False)
+            return "yaml", dump_yaml(resource)
         return "yaml", ("# dask-kubernetes is not installed (pip install \"espnet3-prefect[kube]\"): "
-                        "the KubeCluster arguments\n" + yaml.safe_dump(kwargs, sort_keys=False))
-    return "yaml", f"# env {spec.env}: no job script; the cluster arguments\n" + yaml.safe_dump(kwargs, sort_keys=False)
+                        "the KubeCluster arguments\n" + dump_yaml(kwargs))
+    return "yaml", f"# env {spec.env}: no job script; the cluster arguments\n" + dump_yaml(kwargs)
 
 
 def run_cluster_script(args: argparse.Namespace) -> int:

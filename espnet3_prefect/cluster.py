@@ -47,6 +47,7 @@ START_WARN_S = 120.0  # log the jobs' queue states this often until a worker con
 POLL_S = 2.0
 CANCEL_WAIT_S = 60.0
 TAIL_LINES = 15
+RETIRED_MARK = "worker-lifetime-reached"  # what a dask worker logs when its --lifetime is up
 
 
 # ----------------------------------------------------------------------------- names
@@ -317,12 +318,12 @@ class JobWatcher(threading.Thread):
             self._fail()
 
     def _report_ended(self, job_id: str) -> None:
-        logs = describe_job_logs(self.log_dir, job_id, self.job_name, self.started)
-        if "worker-lifetime-reached" in logs:
+        files = job_log_files(self.log_dir, job_id, self.job_name, self.started)
+        if any(RETIRED_MARK in tail(path, lines=10_000, max_chars=10**6) for path in files):
             self.logger.info("worker job %s (%s) retired before its walltime; a new job replaces it", job_id, self.job_name)
         else:
             self.logger.warning("worker job %s (%s) left the queue while the flow was running:\n%s",
-                                job_id, self.job_name, logs)
+                                job_id, self.job_name, describe_job_logs(self.log_dir, job_id, self.job_name, self.started))
 
     def _warn_no_worker(self) -> None:
         states = []

@@ -196,6 +196,13 @@ def jobqueue_kwargs(env: str, n_workers: int, options: Mapping[str, Any], *, job
     exports = [f"export {k}={shlex.quote(v)}" for k, v in exported_environment(environ).items()]
     prologue = exports + [str(line) for line in options.pop("job_script_prologue", None) or []]
     options.pop("job_name", None)  # used as the prefix of job_name
+    log_dir = options.get("log_directory") or kwargs.get("log_directory")
+    if env == "oar" and log_dir:
+        # dask-jobqueue's OAR script ignores log_directory: name the output files ourselves
+        directives = [str(d) for d in options.get("job_extra_directives") or []]
+        if not any(d.split()[0].split("=")[0] in ("-O", "-E", "--stdout", "--stderr") for d in directives if d.split()):
+            options["job_extra_directives"] = directives + [f"-O {log_dir}/{job_name}.%jobid%.out",
+                                                            f"-E {log_dir}/{job_name}.%jobid%.err"]
     kwargs.update(options)
     kwargs.update(scheduler_options=scheduler_options, worker_extra_args=worker_args,
                   job_name=job_name, n_workers=n_workers)
@@ -349,3 +356,14 @@ def render_kube_spec(kwargs: Mapping[str, Any]) -> dict | None:
     passed = {k: kwargs[k] for k in ("image", "resources", "env", "worker_command", "scheduler_service_type",
                                      "idle_timeout", "jupyter") if kwargs.get(k) is not None}
     return make_cluster_spec(name=kwargs["name"], n_workers=kwargs.get("n_workers"), **passed)
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML for people: keys in order, repeated blocks written out (no ``&id001`` anchors)."""
+    import yaml
+
+    class _Plain(yaml.SafeDumper):
+        def ignore_aliases(self, data):
+            return True
+
+    return yaml.dump(data, Dumper=_Plain, sort_keys=False)
