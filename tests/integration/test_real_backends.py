@@ -40,29 +40,38 @@ def _answers(cmd: list[str]) -> bool:
 
 
 def _need(var: str, check: list[str], what: str, service: str) -> str:
+    """The variable tests/infra exported for ``service``; skip (fail under E3P_REQUIRE_BACKENDS=1) without it."""
+    missing = pytest.fail if os.environ.get("E3P_REQUIRE_BACKENDS") == "1" else pytest.skip
     value = os.environ.get(var)
     if not value:
-        pytest.skip(f"{what} not configured (${var} unset): run eval \"$(tests/infra/up.sh {service})\" first")
+        missing(f"{what} not configured (${var} unset): run eval \"$(tests/infra/up.sh {service})\" first")
     if not _answers(check):
-        pytest.skip(f"{what} does not answer ({' '.join(check)} failed): run tests/infra/up.sh {service}")
+        missing(f"{what} does not answer ({' '.join(check)} failed): run tests/infra/up.sh {service}")
     return value
 
 
-@pytest.fixture
+# Session scope: a missing scheduler skips before the Prefect server or the reference run start.
+@pytest.fixture(scope="session")
 def slurm():
     return {"env": "slurm", "queue": _need("E3P_SLURM_PARTITION", ["scontrol", "ping"], "SLURM", "slurm")}
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def sge():
     return {"env": "sge", "queue": _need("E3P_SGE_QUEUE", ["qstat"], "Grid Engine", "sge")}
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def sshd():
     port = _need("E3P_SSH_PORT", ["true"], "the private sshd", "sshd")
     return {"port": int(port), "key": os.environ["E3P_SSH_KEY"], "known_hosts": os.environ["E3P_SSH_KNOWN_HOSTS"],
             "user": os.environ.get("E3P_SSH_USER", "root"), "host": os.environ.get("E3P_SSH_HOST", "127.0.0.1")}
+
+
+@pytest.fixture(scope="session", params=[pytest.param("slurm", marks=pytest.mark.slurm),
+                                         pytest.param("sge", marks=pytest.mark.sge)])
+def batch_backend(request):
+    return request.getfixturevalue(request.param)
 
 
 def batch_parallel(backend: dict, n_workers: int = 2, num_shards: int | None = None, **options) -> dict:
@@ -123,11 +132,9 @@ def dtmf_local(tmp_path_factory, prefect_server):
     return root, conf, dtmf_outputs(root / "local")
 
 
-@pytest.mark.parametrize("backend", [pytest.param("slurm", marks=pytest.mark.slurm),
-                                     pytest.param("sge", marks=pytest.mark.sge)])
-def test_demo_on_the_batch_scheduler_matches_local_and_leaves_no_job(request, prefect_server, dtmf_local, backend):
+def test_demo_on_the_batch_scheduler_matches_local_and_leaves_no_job(batch_backend, prefect_server, dtmf_local):
     root, conf, reference = dtmf_local
-    sched = request.getfixturevalue(backend)
+    sched, backend = batch_backend, batch_backend["env"]
     extra = write_yaml(root / f"parallel_{backend}.yaml", {"parallel": batch_parallel(sched, num_shards=6)})
     from espnet3_prefect.flows.infer import infer
 
@@ -146,7 +153,7 @@ def test_demo_on_the_batch_scheduler_matches_local_and_leaves_no_job(request, pr
 
 
 @pytest.mark.slurm
-def test_failed_flow_cancels_its_jobs(prefect_server, tmp_path, slurm):
+def test_failed_flow_cancels_its_jobs(slurm, prefect_server, tmp_path):
     cfg = toy_config(tmp_path, n=10, num_shards=2, bad={7: "no_input"})
     cfg["parallel"] = batch_parallel(slurm, num_shards=2)
     state, flow_run_id = run_flow(tmp_path, cfg)
@@ -155,7 +162,7 @@ def test_failed_flow_cancels_its_jobs(prefect_server, tmp_path, slurm):
 
 
 @pytest.mark.slurm
-def test_broken_job_script_fails_fast_with_the_jobs_stderr(prefect_server, tmp_path, slurm):
+def test_broken_job_script_fails_fast_with_the_jobs_stderr(slurm, prefect_server, tmp_path):
     cfg = toy_config(tmp_path, n=4, num_shards=1)
     cfg["parallel"] = batch_parallel(slurm, job_script_prologue=["echo e3p-prologue-broke >&2", "exit 3"])
     started = time.monotonic()
@@ -168,7 +175,7 @@ def test_broken_job_script_fails_fast_with_the_jobs_stderr(prefect_server, tmp_p
 
 
 @pytest.mark.sge
-def test_sge_failed_flow_cancels_its_jobs(prefect_server, tmp_path, sge):
+def test_sge_failed_flow_cancels_its_jobs(sge, prefect_server, tmp_path):
     cfg = toy_config(tmp_path, n=10, num_shards=2, bad={2: "space_id"})
     cfg["parallel"] = batch_parallel(sge, num_shards=2)
     state, flow_run_id = run_flow(tmp_path, cfg)
@@ -193,7 +200,7 @@ def _slow_toy(tmp_path, n: int, num_shards: int, delay_s: float, slow_once: bool
 
 
 @pytest.mark.slurm
-def test_workers_retire_before_the_walltime_and_interrupted_shards_rerun(prefect_server, tmp_path, slurm):
+def test_workers_retire_before_the_walltime_and_interrupted_shards_rerun(slurm, prefect_server, tmp_path):
     # walltime 1 min, margin 20 s: each worker retires after 37 +- 3 s and adapt starts a new job;
     # ~80 s of work on 2 workers needs at least two generations of jobs.
     cfg = _slow_toy(tmp_path, n=96, num_shards=24, delay_s=0.8)
@@ -211,7 +218,7 @@ def test_workers_retire_before_the_walltime_and_interrupted_shards_rerun(prefect
 
 
 @pytest.mark.slurm
-def test_a_shard_killed_by_the_walltime_reruns_on_a_fresh_job(prefect_server, tmp_path, slurm):
+def test_a_shard_killed_by_the_walltime_reruns_on_a_fresh_job(slurm, prefect_server, tmp_path):
     # The user's own --lifetime (longer than the walltime) wins over ours: SLURM kills the jobs at
     # the walltime (1 min, enforced within 30 s) in the middle of a 96 s shard; the shard runs again
     # on a replacement job, quickly for the items the killed attempt finished.
@@ -228,7 +235,7 @@ def test_a_shard_killed_by_the_walltime_reruns_on_a_fresh_job(prefect_server, tm
 
 
 @pytest.mark.slurm
-def test_cancelling_a_deployment_run_cancels_its_jobs(prefect_server, tmp_path, slurm):
+def test_cancelling_a_deployment_run_cancels_its_jobs(slurm, prefect_server, tmp_path):
     """A real cancellation: the flow is served by a Prefect runner, cancelled through the API."""
     from prefect import get_client
     from prefect.client.schemas.objects import StateType
@@ -278,7 +285,7 @@ def test_cancelling_a_deployment_run_cancels_its_jobs(prefect_server, tmp_path, 
 
 
 @pytest.mark.ssh
-def test_ssh_cluster_over_the_private_sshd_matches_local(prefect_server, tmp_path, sshd):
+def test_ssh_cluster_over_the_private_sshd_matches_local(sshd, prefect_server, tmp_path):
     ref_cfg = toy_config(tmp_path / "local", n=23, num_shards=5)
     run_flow(tmp_path / "local", ref_cfg)
     cfg = toy_config(tmp_path / "ssh", n=23, num_shards=5)
@@ -298,7 +305,7 @@ def test_ssh_cluster_over_the_private_sshd_matches_local(prefect_server, tmp_pat
 
 
 @pytest.mark.ssh
-def test_ssh_unknown_host_key_is_a_one_line_error(prefect_server, tmp_path, sshd):
+def test_ssh_unknown_host_key_is_a_one_line_error(sshd, prefect_server, tmp_path):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     cfg = toy_config(tmp_path, n=4, num_shards=1)
