@@ -42,9 +42,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="embedded server state (default $ESPNET3_PREFECT_HOME or ~/.espnet3-prefect)")
     infer.add_argument("--keep-server", action="store_true",
                        help="leave the embedded Prefect server running (to browse the UI afterwards)")
+    from .cli_cluster import add_cluster_script_parser
     from .cli_deploy import register
 
     register(sub, infer)  # metrics, evaluate, deploy-local, infer --detach
+    add_cluster_script_parser(sub)
     return parser
 
 
@@ -86,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate_cleanly)
     _export_pythonpath()
     try:
+        if hasattr(args, "run"):  # cluster-script
+            return args.run(args)
         if args.command != "infer" or args.detach:
             from .cli_deploy import dispatch
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import ConfigError, MissingExtraError
+from . import jobqueue
 
 # env -> (cluster class, pip extra that provides it)
 BACKENDS: dict[str, tuple[str, str | None]] = {
@@ -29,8 +30,9 @@ BACKENDS: dict[str, tuple[str, str | None]] = {
     "ssh": ("distributed.SSHCluster", "ssh"),
     "kube": ("dask_kubernetes.operator.KubeCluster", "kube"),
 }
-JOBQUEUE_ENVS = ("slurm", "pbs", "sge", "lsf", "htcondor", "moab", "oar")
-TOP_LEVEL_KEYS = ("env", "n_workers", "options", "address", "num_shards")
+JOBQUEUE_ENVS = jobqueue.JOBQUEUE_ENVS
+# lifetime_margin_s: batch-scheduler workers retire this long before their walltime (see jobqueue.py).
+TOP_LEVEL_KEYS = ("env", "n_workers", "options", "address", "num_shards", "lifetime_margin_s")
 # Options that only mean something to a batch scheduler; a classic copy-paste mistake under local.
 SCHEDULER_ONLY = (
     "queue", "account", "project", "walltime", "job_extra", "job_extra_directives",
@@ -55,6 +57,7 @@ class ParallelSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     address: str | None = None
     num_shards: int | None = None
+    lifetime_margin_s: float | None = None
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None) -> "ParallelSpec":
@@ -76,15 +79,17 @@ class ParallelSpec:
         options = block.get("options") or {}
         if not isinstance(options, Mapping):
             raise ConfigError(f"parallel.options: must be a mapping, got {type(options).__name__}")
-        _check_options(env, dict(options))
-        return cls(env=env, n_workers=n_workers, options=dict(options), num_shards=num_shards)
+        margin = _lifetime_margin(env, block.get("lifetime_margin_s"))
+        _check_options(env, dict(options), margin)
+        return cls(env=env, n_workers=n_workers, options=dict(options), num_shards=num_shards,
+                   lifetime_margin_s=margin)
 
     @classmethod
     def _remote(cls, block: dict, address: Any) -> "ParallelSpec":
         if not isinstance(address, str) or "://" not in address:
             raise ConfigError(f"parallel.address: {address!r} is not a scheduler address like tcp://host:8786")
-        for key in ("env", "options"):
-            if block.get(key):
+        for key in ("env", "options", "lifetime_margin_s"):
+            if block.get(key) not in (None, {}, ""):
                 raise ConfigError(f"parallel.{key}: conflicts with parallel.address (a running scheduler has its own workers)")
         n_workers = _positive_int("parallel.n_workers", block.get("n_workers", 1))
         num_shards = block.get("num_shards")
@@ -98,7 +103,18 @@ def _positive_int(key: str, value: Any) -> int:
     return value
 
 
-def _check_options(env: str, options: dict) -> None:
+def _lifetime_margin(env: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if env not in JOBQUEUE_ENVS or env == "htcondor":
+        raise ConfigError(f"parallel.lifetime_margin_s: only for envs with a walltime "
+                          f"({', '.join(e for e in JOBQUEUE_ENVS if e != 'htcondor')}), not {env!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"parallel.lifetime_margin_s: must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_options(env: str, options: dict, lifetime_margin_s: float | None = None) -> None:
     for key in _RUNNER_MANAGED:
         if key in options:
             raise ConfigError(f"parallel.options.{key}: managed by espnet3-prefect, remove it")
@@ -110,12 +126,16 @@ def _check_options(env: str, options: dict) -> None:
                 raise ConfigError(
                     f"parallel.options.{key}: a batch-scheduler option, not valid with env {env!r} "
                     f"(it belongs under env: {'/'.join(JOBQUEUE_ENVS)})")
+    if env == "kube":
+        jobqueue.check_kube_options(options)
     valid = _valid_options(env)
     if valid is None:
         return
     unknown = sorted(set(options) - valid)
     if unknown:
         raise ConfigError(f"parallel.options.{unknown[0]}: not an option of env {env!r}; valid options: {', '.join(sorted(valid))}")
+    if env in JOBQUEUE_ENVS:
+        jobqueue.check_options(env, options, lifetime_margin_s)
 
 
 def _valid_options(env: str) -> set[str] | None:
@@ -176,8 +196,25 @@ def check_gpu_count(n_workers: int, visible: int) -> None:
             f"(CUDA_VISIBLE_DEVICES={shown})")
 
 
-def cluster_kwargs(spec: ParallelSpec) -> dict[str, Any]:
-    """Keyword arguments for the cluster class: our loopback-safe defaults, then the user's options."""
+def worker_lifetime(spec: ParallelSpec) -> "jobqueue.Lifetime | None":
+    """When batch-scheduler workers retire (a margin before their walltime); None without a walltime."""
+    if spec.env not in JOBQUEUE_ENVS:
+        return None
+    walltime = jobqueue.effective_walltime(spec.env, spec.options)
+    if walltime is None:
+        return None
+    return jobqueue.worker_lifetime(jobqueue.walltime_seconds(spec.env, walltime), spec.lifetime_margin_s)
+
+
+def cluster_kwargs(spec: ParallelSpec, *, job_name: str = "e3p-preview", log_directory: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Keyword arguments for the cluster class: our loopback-safe defaults, then the user's options.
+
+    ``job_name`` names this run's batch jobs (``options.job_name`` becomes its prefix, see
+    :func:`espnet3_prefect.cluster.run_job_name`); ``log_directory`` is the default folder for
+    the scheduler's job logs; ``environ`` (default ``os.environ``) supplies the variables
+    exported to batch jobs and SSH workers.
+    """
     options = dict(spec.options)
     if spec.env in ("local", "local_gpu"):
         defaults = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
@@ -185,21 +222,26 @@ def cluster_kwargs(spec: ParallelSpec) -> dict[str, Any]:
             defaults.update(threads_per_worker=1, processes=True)
         return {**defaults, **options, "n_workers": spec.n_workers}
     if spec.env == "ssh":
-        return _ssh_kwargs(spec.n_workers, options)
+        return jobqueue.ssh_kwargs(spec.n_workers, options, environ)
+    if spec.env in JOBQUEUE_ENVS:
+        return jobqueue.jobqueue_kwargs(spec.env, spec.n_workers, options, job_name=job_name,
+                                        log_directory=log_directory, lifetime=worker_lifetime(spec),
+                                        environ=environ)
+    if spec.env == "kube":
+        return jobqueue.kube_kwargs(spec.n_workers, options, job_name=job_name, environ=environ)
     return {**options, "n_workers": spec.n_workers}
 
 
-def _ssh_kwargs(n_workers: int, options: dict) -> dict[str, Any]:
-    hosts = options.get("hosts")
-    if not hosts or not isinstance(hosts, (list, tuple)) or len(hosts) < 2:
-        raise ConfigError("parallel.options.hosts: env 'ssh' needs a list [scheduler_host, worker_host, ...]")
-    workers = list(hosts[1:])
-    expanded = [hosts[0]] + [workers[i % len(workers)] for i in range(n_workers)]
-    return {**options, "hosts": expanded}
+def adapt_kwargs(spec: ParallelSpec) -> dict[str, Any] | None:
+    """Workers that retire before their walltime are replaced: adapt between n_workers and n_workers."""
+    if worker_lifetime(spec) is None:
+        return None
+    return {"minimum": spec.n_workers, "maximum": spec.n_workers}
 
 
-def build_task_runner(spec: ParallelSpec):
-    """A prefect-dask ``DaskTaskRunner`` (our cheaper-to-submit subclass) for a validated spec.
+def build_task_runner(spec: ParallelSpec, **context):
+    """A prefect-dask ``DaskTaskRunner`` (our cheaper-to-submit subclass) for a validated spec
+    (``context``: see :func:`cluster_kwargs`).
 
     >>> runner = build_task_runner(ParallelSpec(env="local", n_workers=2))
     >>> runner.cluster_kwargs["n_workers"]
@@ -212,4 +254,5 @@ def build_task_runner(spec: ParallelSpec):
     cluster_class = load_cluster_class(spec.env)
     if spec.env == "local_gpu":
         check_gpu_count(spec.n_workers, visible_gpu_count())
-    return ShardTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs(spec))
+    return ShardTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs(spec, **context),
+                           adapt_kwargs=adapt_kwargs(spec))

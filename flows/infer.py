@@ -15,13 +15,13 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from espnet3_prefect.atomic import file_digest
+from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.config import load_config
 from espnet3_prefect.dataprep import ensure_prepared
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
 from espnet3_prefect.lock import acquire
 from espnet3_prefect.marker import check_marker
 from espnet3_prefect.merge import read_merged_manifest, remove_merged
-from espnet3_prefect.parallel import build_task_runner
 from espnet3_prefect.plan import Shard, default_num_shards, plan_shards
 from espnet3_prefect.rundir import enter_workdir
 from espnet3_prefect.report import Progress, format_summary, publish_summary
@@ -39,7 +39,7 @@ def _as_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
-@flow(name="infer", log_prints=True)
+@flow(name="infer", log_prints=True, on_cancellation=[cancel_jobs_hook], on_crashed=[cancel_jobs_hook])
 def infer(config: list[str] | str, overrides: list[str] | None = None, workdir: str | None = None) -> list[dict]:
     """Run the ESPnet3 infer stage for every test set of ``config`` (files merged left to right).
 
@@ -83,7 +83,7 @@ def _run_stages(spec, stages: list[Stage], logger) -> list[dict]:
             logger.info("%s: to run (%s)", stage.test_set, why)
     todo = [s for s in stages if finished[s.test_set] is None]
     if todo:
-        with build_task_runner(spec) as runner:
+        with open_task_runner(spec, log_root=stages[0].out_dir.parent, logger=logger) as runner:
             finished.update({s.test_set: run_test_set(runner, s) for s in todo})
     return [finished[s.test_set] for s in stages]
 
@@ -172,6 +172,7 @@ def run_test_set(runner, stage: Stage) -> dict:
     _forget_env(runner, stage)
     return {"test_set": stage.test_set, "shards": len(shards), "items": sized["n_items"],
             "shards_run": outcome["run"], "shards_cached": outcome["cached"], "failed": outcome["failed"],
+            "jobs": sorted(outcome["jobs"]),
             "seconds": time.perf_counter() - started, "outputs": outputs, "workers": sized["workers"]}
 
 
@@ -217,7 +218,7 @@ def _run_shards(runner, stage: Stage, shards: list[Shard], force: dict[int, bool
         future = runner.submit(task, {"stage": stage, "shard": shard.to_dict(), "force": force[shard.index]})
         pending[future.wrapped_future.key] = ("shard", future, [shard])
     progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards))
-    counts, failures, unmarked = {"run": 0, "cached": 0, "failed": 0}, [], []
+    counts, failures, unmarked = {"run": 0, "cached": 0, "failed": 0, "jobs": set()}, [], []
     stream = as_completed([f.wrapped_future for _, f, _ in pending.values()], loop=runner.client.loop)
     marking = None
     for done in stream:
@@ -256,6 +257,7 @@ def _account(kind, future, result, covered, counts, progress, unmarked) -> None:
         progress.advance(shard.n_items)
     else:
         counts["run"] += 1
+        counts["jobs"].update(filter(None, [result.get("slurm_job_id") or result.get("sge_job_id")]))  # batch job
         unmarked.append((result, shard))
 
 

@@ -107,3 +107,34 @@ def not_a_dict_output_fn(data, model_output, idx):
 
 def read_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def _batch_job() -> str:
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("JOB_ID") or "-"
+
+
+_RERUNNING: list[bool] = []  # set in a worker process once it re-computes an item (slow_once)
+
+
+class JobRecordingRunner(InferenceRunner):
+    """Like the toy runner, and logs ``<batch job id> <pid> <idx>`` after each item.
+
+    Each item takes ``delay_s``; with ``slow_once``, a worker process that meets an item already
+    computed (it is re-running an interrupted shard) is quick from then on.
+    """
+
+    @staticmethod
+    def forward(idx, job_log=None, delay_s=0.0, slow_once=False, **env):
+        out = InferenceRunner.forward(idx, **env)
+        indices = idx if isinstance(idx, list) else [idx]
+        if slow_once and job_log and not _RERUNNING:
+            done_before = {line.split()[-1] for line in read_lines(Path(job_log))}
+            if any(str(i) in done_before for i in indices):
+                _RERUNNING.append(True)
+        if delay_s and not _RERUNNING:
+            import time
+
+            time.sleep(float(delay_s))
+        for i in indices:
+            _append(job_log, f"{_batch_job()} {os.getpid()} {i}")
+        return out

@@ -24,9 +24,9 @@ def test_slurm_options_are_forwarded_and_checked_against_dask_jobqueue():
         ParallelSpec.from_config({"env": "slurm", "options": {"gres": "gpu:1"}})
 
 
-@pytest.mark.parametrize("env, extra", [("kube", "kube"), ("local_gpu", "gpu")])
-def test_missing_optional_backend_names_the_pip_extra(env, extra):
-    spec = ParallelSpec.from_config({"env": env})
+@pytest.mark.parametrize("env, extra, options", [("kube", "kube", {"image": "registry/e3p:1"}), ("local_gpu", "gpu", {})])
+def test_missing_optional_backend_names_the_pip_extra(env, extra, options):
+    spec = ParallelSpec.from_config({"env": env, "options": options})
     with pytest.raises(MissingExtraError, match=f'pip install "espnet3-prefect\\[{extra}\\]"'):
         build_task_runner(spec)
 

@@ -1,0 +1,66 @@
+"""``espnet3-prefect cluster-script``: show what the ``parallel`` block would start, start nothing.
+
+    espnet3-prefect cluster-script --config conf/inference.yaml deployments/parallel_slurm.yaml [key=value ...]
+
+For a batch scheduler (slurm, pbs, sge, lsf, htcondor, moab, oar) it prints the job script one
+worker job would get, with every default of ours filled in (job logs folder, loopback
+dashboards, exported PREFECT_API_URL/PYTHONPATH, worker lifetime). Only the job name
+(``e3p-<flow run>`` at run time) and the scheduler address are placeholders. Nothing is
+submitted and no scheduler starts. For kube it prints the DaskCluster resource (with
+dask-kubernetes installed) or the KubeCluster arguments; for ssh and local the cluster
+arguments, as YAML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+def add_cluster_script_parser(sub) -> None:
+    """Register the ``cluster-script`` subcommand on ``sub`` (an argparse subparsers object)."""
+    parser = sub.add_parser("cluster-script", help="print the job script the parallel block would submit (submits nothing)",
+                            description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", nargs="+", required=True, metavar="FILE_OR_OVERRIDE",
+                        help="config files merged left to right, then key=value overrides")
+    parser.add_argument("extra", nargs="*", help="more config files or key=value overrides")
+    parser.set_defaults(run=run_cluster_script)
+
+
+def cluster_preview(cfg) -> tuple[str, str]:
+    """``(kind, text)`` for a loaded config: ``("job script", ...)`` or ``("yaml", ...)``."""
+    from omegaconf import OmegaConf
+
+    from .cluster import default_log_directory
+    from .jobqueue import JOBQUEUE_ENVS, dump_yaml, render_job_script, render_kube_spec
+    from .parallel import ParallelSpec, cluster_kwargs, load_cluster_class
+
+    block = cfg.get("parallel")
+    spec = ParallelSpec.from_config(OmegaConf.to_container(block, resolve=True) if block else None)
+    if spec.address:
+        return "yaml", dump_yaml({"address": spec.address, "n_workers": spec.n_workers})
+    inference_dir = Path(str(cfg.get("inference_dir") or ".")).expanduser().resolve()
+    job_name = f"{spec.options.get('job_name') or 'e3p'}-preview"
+    log_dir = default_log_directory(inference_dir, job_name)
+    kwargs = cluster_kwargs(spec, job_name=job_name, log_directory=str(log_dir))
+    if spec.env in JOBQUEUE_ENVS:
+        return "job script", render_job_script(load_cluster_class(spec.env), kwargs)
+    if spec.env == "kube":
+        resource = render_kube_spec(kwargs)
+        if resource is not None:
+            return "yaml", dump_yaml(resource)
+        return "yaml", ("# dask-kubernetes is not installed (pip install \"espnet3-prefect[kube]\"): "
+                        "the KubeCluster arguments\n" + dump_yaml(kwargs))
+    return "yaml", f"# env {spec.env}: no job script; the cluster arguments\n" + dump_yaml(kwargs)
+
+
+def run_cluster_script(args: argparse.Namespace) -> int:
+    from .cli import split_args
+    from .config import load_config
+
+    configs, overrides = split_args([*args.config, *args.extra])
+    kind, text = cluster_preview(load_config(configs, overrides))
+    if kind == "job script":
+        print("# job name and scheduler address are set per flow run; nothing was submitted", file=sys.stderr)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
