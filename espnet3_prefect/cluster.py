@@ -246,6 +246,39 @@ def describe_job_logs(log_dir: Path, job_id: str, job_name: str, since: float) -
     return "\n".join(f"--- {path} (last lines) ---\n{tail(path)}" for path in files)
 
 
+# ----------------------------------------------------------------------------- submissions
+
+
+def recording_job_class(base: type, errors: list) -> type:
+    """A subclass of dask-jobqueue's Job class ``base`` that appends its submission errors to ``errors``.
+
+    dask-jobqueue submits jobs in the background and only logs a rejected ``sbatch``/``qsub``;
+    the flow would wait for workers forever. The watcher reads ``errors`` instead.
+    """
+
+    class RecordingJob(base):
+        async def start(self):
+            try:
+                await super().start()
+            except Exception as exc:
+                errors.append(exc)
+                from distributed.core import Status
+
+                self.status = Status.failed  # lets the cluster close cleanly later
+                raise
+
+    RecordingJob.__name__ = RecordingJob.__qualname__ = base.__name__
+    return RecordingJob
+
+
+def submission_error_text(exc: BaseException) -> str:
+    """The scheduler's own words from a failed submission (dask-jobqueue wraps them in a long message)."""
+    text = str(exc)
+    if "stderr:" in text:
+        text = text.split("stderr:", 1)[1]
+    return one_line(text) or type(exc).__name__
+
+
 # ----------------------------------------------------------------------------- watcher
 
 
@@ -253,7 +286,8 @@ class JobWatcher(threading.Thread):
     """Polls the scheduler for this run's jobs and reports the ones that end while the flow runs."""
 
     def __init__(self, env: str, job_name: str, log_dir: Path, cluster, logger, expected_jobs: int,
-                 abort: Callable[[], None], poll_s: float = POLL_S, start_warn_s: float | None = None):
+                 abort: Callable[[], None], poll_s: float = POLL_S, start_warn_s: float | None = None,
+                 submit_errors: list | None = None):
         super().__init__(name=f"e3p-job-watcher-{job_name}", daemon=True)
         self.env, self.job_name, self.log_dir, self.cluster = env, job_name, Path(log_dir), cluster
         self.logger, self.expected_jobs, self.abort, self.poll_s = logger, max(1, expected_jobs), abort, poll_s
@@ -264,6 +298,9 @@ class JobWatcher(threading.Thread):
         self.error: Espnet3PrefectError | None = None
         self.first_worker_s: float | None = None
         self.ended: list[str] = []
+        self.submit_errors = submit_errors if submit_errors is not None else []
+        self._reported_submit_errors = 0
+        self._said: set[str] = set()
         self._seen: set[str] = set()
         self._halt = threading.Event()
 
@@ -306,6 +343,18 @@ class JobWatcher(threading.Thread):
         if self.first_worker_s is None and self._connected():
             self.first_worker_s = time.time() - self.started
             self.logger.info("first worker connected %.1f s after the cluster started", self.first_worker_s)
+        failed = self.submit_errors[self._reported_submit_errors:]
+        self._reported_submit_errors += len(failed)
+        for text in dict.fromkeys(submission_error_text(exc) for exc in failed):  # each message once per poll
+            if text not in self._said:
+                self._said.add(text)
+                self.logger.warning("the %s scheduler rejected a worker job: %s", self.env, text)
+        if failed and self.first_worker_s is None and not submitted:
+            self.error = Espnet3PrefectError(f"parallel.env {self.env!r}: the scheduler rejected the worker jobs: "
+                                             f"{submission_error_text(failed[0])[:1500]}")
+            self.logger.error("%s", self.error)
+            self.abort()
+            return
         if self.queue is None or not self.queue.available():
             return
         listed = {j.job_id: j for j in self.queue.jobs() if _ours(j, self.tag)}
@@ -371,16 +420,18 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[
     job_name = f"{spec.options.get('job_name') or JOB_PREFIX}-{tag}"
     log_dir = Path(spec.options.get("log_directory") or default_log_directory(log_root, job_name))
     runner = build_task_runner(spec, job_name=job_name, log_directory=str(log_dir))
+    submit_errors: list = []
+    runner.cluster_kwargs["job_cls"] = recording_job_class(runner.resolved_cluster_class.job_cls, submit_errors)
     try:
-        with runner:
+        with _entered(runner, logger):
             started = time.monotonic()
             client = _start(runner, spec)
             processes = int(spec.options.get("processes") or 1)
             jobs = -(-spec.n_workers // processes)
-            logger.info("submitted %d %s job(s) named %s in %.1f s; job logs in %s", jobs, spec.env, job_name,
-                        time.monotonic() - started, log_dir)
+            logger.info("cluster up in %.1f s; asked %s for %d worker job(s) named %s; job logs in %s",
+                        time.monotonic() - started, spec.env, jobs, job_name, log_dir)
             watcher = JobWatcher(spec.env, job_name, log_dir, client.cluster, logger, expected_jobs=jobs,
-                                 abort=client.close)
+                                 abort=client.close, submit_errors=submit_errors)
             watcher.start()
             try:
                 yield runner
@@ -395,6 +446,22 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[
         if left:
             logger.warning("jobs of this run still listed after cancelling them: %s",
                            ", ".join(f"{j.job_id} ({j.state})" for j in left))
+
+
+@contextlib.contextmanager
+def _entered(runner, logger) -> Iterator[Any]:
+    """``with runner``, except that an error while closing the cluster after another error is only logged."""
+    runner.__enter__()
+    try:
+        yield runner
+    except BaseException as exc:
+        try:
+            runner.__exit__(type(exc), exc, exc.__traceback__)
+        except Exception as close_exc:
+            logger.warning("closing the cluster after the error failed too: %s: %s", type(close_exc).__name__,
+                           one_line(close_exc))
+        raise
+    runner.__exit__(None, None, None)
 
 
 def _start(runner, spec: ParallelSpec):

@@ -174,6 +174,17 @@ def test_broken_job_script_fails_fast_with_the_jobs_stderr(slurm, prefect_server
     assert wait_no_jobs("slurm", run_tag(flow_run_id), timeout_s=0) == []
 
 
+@pytest.mark.slurm
+def test_a_rejected_submission_is_one_line_and_leaves_no_job(slurm, prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=4, num_shards=1)
+    cfg["parallel"] = batch_parallel({**slurm, "queue": "no-such-partition"})
+    state, flow_run_id = run_flow(tmp_path, cfg)
+    assert state.is_failed()
+    message = str(state.message)
+    assert "parallel.env 'slurm': the scheduler rejected the worker jobs: sbatch: error: invalid partition" in message, message
+    assert wait_no_jobs("slurm", run_tag(flow_run_id), timeout_s=0) == []
+
+
 @pytest.mark.sge
 def test_sge_failed_flow_cancels_its_jobs(sge, prefect_server, tmp_path):
     cfg = toy_config(tmp_path, n=10, num_shards=2, bad={2: "space_id"})

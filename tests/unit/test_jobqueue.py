@@ -198,3 +198,52 @@ def test_cluster_script_for_the_shipped_slurm_deployment_file():
                            "deployments/parallel_slurm.yaml"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH -t 00:30:00" in proc.stdout and "--lifetime 1620s --lifetime-stagger 90s" in proc.stdout
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def _add(self, level, msg, *args):
+        self.lines.append((level, msg % args))
+
+    def info(self, msg, *args):
+        self._add("info", msg, *args)
+
+    def warning(self, msg, *args):
+        self._add("warning", msg, *args)
+
+    def error(self, msg, *args):
+        self._add("error", msg, *args)
+
+    def debug(self, msg, *args):
+        pass
+
+
+class _NoWorkers:
+    workers: dict = {}
+    scheduler_info = {"workers": {}}
+
+
+def test_watcher_warns_while_no_worker_connects_and_fails_on_rejected_submissions(tmp_path):
+    from espnet3_prefect.cluster import JobWatcher
+
+    log, aborted = _Log(), []
+    watcher = JobWatcher("pbs", "e3p-0123456789", tmp_path, _NoWorkers(), log, expected_jobs=2,
+                         abort=lambda: aborted.append(True), poll_s=0.05, start_warn_s=0.2)
+    watcher.start()
+    time.sleep(0.6)
+    watcher.stop()
+    warnings = [m for level, m in log.lines if level == "warning"]
+    assert warnings and warnings[0].startswith("no Dask worker connected") and "e3p-0123456789" in warnings[0]
+    assert watcher.error is None and not aborted
+
+    errors = [RuntimeError("Command exited with non-zero exit code.\nExit code: 1\nCommand:\nqsub x.sh\n"
+                           "stdout:\n\nstderr:\nqsub: Unknown queue\n")] * 2
+    log = _Log()
+    watcher = JobWatcher("pbs", "e3p-0123456789", tmp_path, _NoWorkers(), log, expected_jobs=2,
+                         abort=lambda: aborted.append(True), poll_s=0.05, submit_errors=errors)
+    watcher.start()
+    watcher.join(timeout=5)
+    assert aborted and str(watcher.error) == "parallel.env 'pbs': the scheduler rejected the worker jobs: qsub: Unknown queue"
+    assert [m for level, m in log.lines if level == "warning"] == ["the pbs scheduler rejected a worker job: qsub: Unknown queue"]
