@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import resource
 import threading
-import time
 
 
 def _sample_workers(peak: list, stop: threading.Event) -> None:

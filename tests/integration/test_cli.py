@@ -3,38 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.conftest import ROOT, toy_config, write_yaml
+from tests.helpers.procs import CLI, cli_env, pid_alive
+
+from tests.conftest import toy_config, write_yaml
 
 pytestmark = pytest.mark.slow
-CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
-
-
-def _env(home):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
-    return env
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_cli_embedded_server_runs_flow_records_workers_and_stops(tmp_path):
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, num_shards=2))
     home = tmp_path / "home"
     proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "parallel.n_workers=2", "--keep-server"],
-                          env=_env(home), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          env=cli_env(home), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test_a: 8 items, 2 shards run, 0 cached" in proc.stdout
     info = json.loads((home / "server.json").read_text())
@@ -49,13 +34,13 @@ def test_cli_embedded_server_runs_flow_records_workers_and_stops(tmp_path):
     finally:
         from espnet3_prefect.server import stop_server
         stop_server(info["pid"])
-    assert not _alive(info["pid"])
+    assert not pid_alive(info["pid"])
 
 
 def test_cli_stops_the_server_it_started(tmp_path):
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=4, n_workers=1, num_shards=1))
     home = tmp_path / "home"
-    proc = subprocess.run([*CLI, "infer", "--config", str(cfg)], env=_env(home), capture_output=True,
+    proc = subprocess.run([*CLI, "infer", "--config", str(cfg)], env=cli_env(home), capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (home / "server.json").exists()
@@ -68,7 +53,7 @@ def test_cli_bad_config_is_one_line_exit_2_and_starts_nothing(tmp_path):
     path = write_yaml(tmp_path / "inference.yaml", cfg)
     home = tmp_path / "home"
     started = time.monotonic()
-    proc = subprocess.run([*CLI, "infer", "--config", str(path)], env=_env(home), capture_output=True,
+    proc = subprocess.run([*CLI, "infer", "--config", str(path)], env=cli_env(home), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [

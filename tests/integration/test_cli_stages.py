@@ -3,30 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
+
+from tests.helpers.procs import CLI, cli_env
 
 from tests.conftest import ROOT, write_yaml
 from tests.integration.test_metrics_evaluate import WER_T, known_errors_dir, metrics_cfg
 
 pytestmark = pytest.mark.slow
-CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
-
-
-def _env(home):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
-    return env
 
 
 def test_cli_metrics_scores_and_stops_its_server(tmp_path):
     out = known_errors_dir(tmp_path)
     cfg = metrics_cfg(tmp_path, out)
     only_wer = f"metrics=[{{metric: {{_target_: {WER_T}}}}}]"
-    proc = subprocess.run([*CLI, "metrics", "--config", str(cfg), only_wer], env=_env(tmp_path / "home"),
+    proc = subprocess.run([*CLI, "metrics", "--config", str(cfg), only_wer], env=cli_env(tmp_path / "home"),
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f'test_a: {WER_T}: {{"WER": 75.0,' in proc.stdout
@@ -48,7 +41,7 @@ def test_cli_bad_configs_exit_2_on_one_line_before_any_server(tmp_path, argv, ex
     i = write_yaml(tmp_path / "inference.yaml", word_config(tmp_path))
     m = metrics_cfg(tmp_path, tmp_path / "inference")
     home = tmp_path / "home"
-    proc = subprocess.run([*CLI, *[a.format(i=i, m=m) for a in argv]], env=_env(home), capture_output=True,
+    proc = subprocess.run([*CLI, *[a.format(i=i, m=m) for a in argv]], env=cli_env(home), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     [line] = proc.stderr.strip().splitlines()
@@ -58,7 +51,7 @@ def test_cli_bad_configs_exit_2_on_one_line_before_any_server(tmp_path, argv, ex
 
 def test_cli_detach_without_a_server_says_how_to_get_one(tmp_path):
     proc = subprocess.run([*CLI, "infer", "--detach", "--config", str(ROOT / "recipes/dtmf/conf/inference.yaml")],
-                          env=_env(tmp_path / "home"), capture_output=True, text=True, timeout=60, cwd=tmp_path)
+                          env=cli_env(tmp_path / "home"), capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("error: no Prefect server to submit to: run `espnet3-prefect deploy-local` "
                                    "(or set PREFECT_API_URL to a server with the deployments)")

@@ -20,21 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.procs import CLI, pid_alive
+
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 WER_T = "espnet3.systems.asr.metrics.wer.WER"
 CER_T = "espnet3.systems.asr.metrics.cer.CER"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +60,9 @@ def deployed(tmp_path_factory):
                               capture_output=True, text=True, timeout=120)
         if state is not None:
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and (_alive(state["worker_pid"]) or _alive(state["server_pid"])):
+            while time.monotonic() < deadline and (pid_alive(state["worker_pid"]) or pid_alive(state["server_pid"])):
                 time.sleep(0.5)
-            assert not _alive(state["worker_pid"]) and not _alive(state["server_pid"]), stop.stdout + stop.stderr
+            assert not pid_alive(state["worker_pid"]) and not pid_alive(state["server_pid"]), stop.stdout + stop.stderr
             assert not state_file.exists()
 
 

@@ -8,7 +8,6 @@ is built once per worker; bad input fails with a message naming the utterance.
 from __future__ import annotations
 
 import collections
-import shutil
 
 import pytest
 

@@ -1,0 +1,25 @@
+"""Shared helpers for tests that run the command line in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    """The environment minus any PREFECT_* (so the CLI uses its embedded default), state in ``home``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
+    return env
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
