@@ -180,3 +180,24 @@ def test_nightly_carries_its_cron_schedule_and_every_deployment_exists(deployed)
     assert names == {"infer/local", "infer/local_gpu", "infer/slurm", "metrics/local", "evaluate/local",
                      "evaluate/nightly"}
     assert nightly.work_pool_name == "espnet3-local"
+
+
+@pytest.mark.slurm
+def test_infer_slurm_deployment_runs_its_workers_as_slurm_jobs(deployed):
+    """`prefect deployment run infer/slurm` end to end on the real single-node SLURM (tests/infra)."""
+    missing = pytest.fail if os.environ.get("E3P_REQUIRE_BACKENDS") == "1" else pytest.skip
+    if not os.environ.get("E3P_SLURM_PARTITION") or shutil.which("squeue") is None:
+        missing('SLURM not configured: run eval "$(tests/infra/up.sh slurm)" first')
+    d = deployed
+    overrides = json.dumps(["inference_dir=exp/dtmf/inference_slurm", "+parallel.options.interface=lo",
+                            "~parallel.options.log_directory"])  # -> the per-run job log folder
+    run = deployment_run(d, "infer/slurm", f"overrides={overrides}")
+    assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    out = d["project"] / "exp/dtmf/inference_slurm"
+    for test_set in ("test_clean", "test_noisy"):
+        hyp = (out / test_set / "hyp.scp").read_text().splitlines()
+        assert hyp and hyp == (out / test_set / "ref.scp").read_text().splitlines()
+    job_logs = list(out.glob(".dask-jobs/e3p-*/*"))
+    assert job_logs, "no SLURM job logs: the workers did not run as SLURM jobs"
+    queued = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True).stdout.split()
+    assert not [name for name in queued if name.startswith("e3p-")]  # no job left in the queue
