@@ -6,6 +6,7 @@ flow serves every backend; the block is read at run time, which lets deployments
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import uuid
@@ -31,6 +32,21 @@ from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.mark_done import marker_label, write_done_marker
 from espnet3_prefect.tasks.merge import merge_shards
 from espnet3_prefect.tasks.run_shard import marker_expectation, run_shard
+
+
+def _importable_by_batch_jobs() -> None:
+    """A deployment loads this file as a script module named ``infer``; objects pickled from it refer
+    to that module, so batch jobs (which get only the exported PYTHONPATH) must find it too.
+    Appended, not prepended, so nothing on the path is shadowed."""
+    if __name__ == "espnet3_prefect.flows.infer":
+        return
+    here = str(Path(__file__).resolve().parent)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if here not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*parts, here])
+
+
+_importable_by_batch_jobs()
 
 
 def _as_list(value: Any) -> list[str]:
