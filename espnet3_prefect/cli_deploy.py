@@ -189,9 +189,9 @@ def submit(api_url: str, name: str, parameters: dict):
 # -- deploy-local ----------------------------------------------------------------------------------
 
 def _alive(pid: int) -> bool:
-    from .server import _pid_alive
+    from .server import pid_alive
 
-    return pid > 0 and _pid_alive(pid)
+    return pid > 0 and pid_alive(pid)
 
 
 def _project(project_dir: str | None) -> Path:

@@ -54,7 +54,7 @@ def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -109,7 +109,7 @@ def stop_server(pid: int, timeout_s: float = 20) -> None:
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return
             time.sleep(0.2)
 
@@ -119,7 +119,7 @@ def _running(home: Path) -> dict | None:
         info = json.loads((home / "server.json").read_text())
     except (OSError, ValueError):
         return None
-    if _pid_alive(info.get("pid", -1)) and healthy(info.get("api_url", "")):
+    if pid_alive(info.get("pid", -1)) and healthy(info.get("api_url", "")):
         return info
     return None
 
@@ -129,7 +129,7 @@ def _other_users(home: Path) -> list[int]:
     pids = []
     for entry in users.glob("*") if users.exists() else []:
         pid = int(entry.name) if entry.name.isdigit() else -1
-        if pid != os.getpid() and _pid_alive(pid):
+        if pid != os.getpid() and pid_alive(pid):
             pids.append(pid)
         elif pid != os.getpid():
             entry.unlink(missing_ok=True)

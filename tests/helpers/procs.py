@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from espnet3_prefect.server import pid_alive  # noqa: F401  (re-exported for the tests)
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
 
@@ -16,10 +18,3 @@ def cli_env(home: Path) -> dict[str, str]:
     env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
     return env
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
