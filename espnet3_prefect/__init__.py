@@ -1,24 +1,27 @@
 """espnet3-prefect: ESPnet3 stages as Prefect flows on Dask clusters built from the ``parallel`` block.
 
-Public API (the ESPnet3 contracts plus the pieces a recipe needs)::
+Public API (the ESPnet3 202611 contracts plus the pieces a recipe needs)::
 
     from espnet3_prefect import EnvironmentProvider, InferenceProvider, BaseRunner, InferenceRunner
+    from espnet3_prefect import infer, measure          # drop-in for espnet3.systems.base.{inference,metric}
 
 The flows live in ``espnet3_prefect.flows`` (``flows/`` in the repository), the tasks in
 ``espnet3_prefect.tasks``; the command line is ``espnet3-prefect``.
 """
 
 from .config import load_config
-from .errors import BadInputError, ConfigError, Espnet3PrefectError, MissingExtraError
-from .parallel import ParallelSpec, build_task_runner
-from .plan import Shard, plan_shards
+from .entry import infer, measure
+from .errors import BadInputError, ConfigError, Espnet3PrefectError, ItemError, MissingExtraError
+from .inference_runner import InferenceRunner
 from .provider import EnvironmentProvider, InferenceProvider, resolve_device
-from .runner import BaseRunner, InferenceRunner
+from .runner import BaseRunner
 from .server import prefect_api
+from .parallel import ParallelSpec, build_task_runner  # noqa: F401 - not public API; for tests and tools
+from .plan import Shard, plan_shards  # noqa: F401
 
 __all__ = [
     "BadInputError", "BaseRunner", "ConfigError", "EnvironmentProvider", "Espnet3PrefectError",
-    "InferenceProvider", "InferenceRunner", "MissingExtraError", "ParallelSpec", "Shard",
-    "build_task_runner", "load_config", "plan_shards", "prefect_api", "resolve_device",
+    "InferenceProvider", "InferenceRunner", "ItemError", "MissingExtraError", "infer", "load_config",
+    "measure", "prefect_api", "resolve_device",
 ]
 __version__ = "0.1.0"

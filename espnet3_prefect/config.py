@@ -9,8 +9,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -42,11 +43,66 @@ def load_config(paths: Sequence[str | Path], overrides: Iterable[str] = ()) -> D
         cfg = OmegaConf.merge(cfg, _read_yaml(Path(path)))
     for item in overrides:
         _apply_override(cfg, item)
+    return _resolved(cfg)
+
+
+def load_config_input(config: Any, overrides: Iterable[str] = ()) -> DictConfig:
+    """A flow's ``config`` parameter: config file paths (merged left to right) or one config given as a
+    mapping (``espnet3_prefect.infer(cfg)``, a deployment's dict parameter); then ``overrides``."""
+    if isinstance(config, (dict, DictConfig)):
+        cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig)
+                               else config)
+        for item in overrides or ():
+            _apply_override(cfg, item)
+        return _resolved(cfg)
+    paths = [config] if isinstance(config, (str, Path)) else list(config or [])
+    return load_config(paths, overrides or ())
+
+
+def _resolved(cfg: DictConfig) -> DictConfig:
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"cannot resolve an interpolation: {one_line(exc)}") from None
     return cfg
+
+
+# ESPnet3's config resolvers. Paths they take are relative to the YAML file that writes them, and
+# ``${self_name:}`` is the stem of that file: both are rewritten per file before merging.
+_FILE_RESOLVER = re.compile(r"\$\{(load_line|config_path):\s*(['\"]?)([^,}'\"]+)\2\s*\}")
+
+
+def _load_line(path: str) -> ListConfig:
+    return ListConfig([line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()])
+
+
+def _register_resolvers() -> None:
+    for name, fn in (("self_name", lambda value: value), ("config_path", lambda value: value),
+                     ("load_line", _load_line)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+
+
+def _per_file(value: Any, path: Path) -> Any:
+    """Rewrite one YAML file's ``${self_name:}`` and relative resolver paths (recursively)."""
+    if isinstance(value, dict):
+        return {k: _per_file(v, path) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_per_file(v, path) for v in value]
+    if not isinstance(value, str):
+        return value
+    if "${set_corpus_and_system:" in value:
+        raise ConfigError(f"{path}: ${{set_corpus_and_system:}} is only resolved by ESPnet3's own egs3 loader; "
+                          f"write the value out")
+    value = value.replace("${self_name:}", path.stem)
+
+    def absolute(match: re.Match) -> str:
+        resolver, quote, target = match.group(1), match.group(2), match.group(3).strip()
+        if "${" in target or Path(target).is_absolute():
+            return match.group(0)
+        return f"${{{resolver}:{quote}{(path.parent / target).resolve().as_posix()}{quote}}}"
+
+    return _FILE_RESOLVER.sub(absolute, value)
 
 
 def _read_yaml(path: Path) -> DictConfig:
@@ -61,7 +117,11 @@ def _read_yaml(path: Path) -> DictConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    return OmegaConf.create(data)
+    if "defaults" in data:
+        raise ConfigError(f"{path}: defaults: lists are not supported; pass the files to merge as "
+                          f"--config base.yaml override.yaml")
+    _register_resolvers()
+    return OmegaConf.create(_per_file(data, path.resolve()))
 
 
 def _apply_override(cfg: DictConfig, item: str) -> None:

@@ -34,3 +34,20 @@ def call_with_env(fn: Callable, *args: Any, env: Mapping[str, Any], **explicit: 
             f"the provider env; rename one of them")
     injected = {k: v for k, v in env.items() if takes_all or k in names}
     return fn(*args, **explicit, **injected)
+
+
+def call_hook(fn: Callable, *args: Any, env: Mapping[str, Any], **explicit: Any) -> Any:
+    """:func:`call_with_env` for writer hooks, which older ESPnet3 code declares with fewer
+    positional parameters (``close_writers(writers)``): extra positional arguments are dropped.
+
+    >>> def close_writers(writers): return sorted(writers)
+    >>> call_hook(close_writers, {"a": 1}, {"state": 1}, env={"model": None}, shard_id=0)
+    ['a']
+    """
+    params = inspect.signature(fn).parameters.values()
+    if not any(p.kind == p.VAR_POSITIONAL for p in params):
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        args = args[: len(positional)]
+        names, takes_all = _accepts(fn)
+        explicit = {k: v for k, v in explicit.items() if takes_all or k in names}
+    return call_with_env(fn, *args, env=env, **explicit)

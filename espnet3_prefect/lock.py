@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import Espnet3PrefectError
+from .layout import RUN_LOCK_NAME as LOCK_NAME
 
-LOCK_NAME = ".espnet3-prefect.lock"
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 120.0
 UNREADABLE_GRACE_S = 5.0
@@ -114,3 +114,61 @@ def _heartbeat(path: Path) -> threading.Event:
 
     threading.Thread(target=beat, name="espnet3-prefect-lock", daemon=True).start()
     return stop
+
+
+# -- split.N/lock: held while one shard runs, as ESPnet3 202611 does ------------------------------
+
+def take_shard_lock(path: Path, flow_run_id: str | None, allow_overwrite: bool = False) -> str | None:
+    """Create ``split.N/lock`` exclusively (pid on the first line, as upstream writes it).
+
+    An existing lock is taken over when it belongs to this flow run (Dask re-runs a shard whose
+    worker died), when its holder is a dead process on this host, or when
+    ``parallel.allow_overwrite_lock`` is set; the returned string says which. Otherwise another
+    runner (ours or upstream's) is writing the shard, and :class:`LockedError` names it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    why = None
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            why = _shard_lock_takeover(path, flow_run_id, allow_overwrite)
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()}\n{socket.gethostname()} {flow_run_id or '-'}\n")
+        return why
+    raise LockedError(f"{path}: could not take the shard lock")
+
+
+def release_shard_lock(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def _shard_lock_takeover(path: Path, flow_run_id: str | None, allow_overwrite: bool) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return "lock released meanwhile"
+    pid = lines[0].strip() if lines else "?"
+    host, _, run = (lines[1].partition(" ") if len(lines) > 1 else ("?", "", "-"))
+    if flow_run_id and run == flow_run_id:
+        return "held by this run's earlier attempt (its worker died)"
+    if host == socket.gethostname() and _pid_gone(pid):
+        return f"its holder (pid {pid}) is gone"
+    if allow_overwrite:
+        return f"parallel.allow_overwrite_lock is set (holder: pid {pid} on {host})"
+    who = f"pid {pid} on {host}" + (f", flow run {run}" if run and run != "-" else
+                                    " (no host recorded: upstream ESPnet3?)" if host == "?" else "")
+    raise LockedError(f"{path.parent}: locked by {who}; another run is writing this shard. If it is gone, "
+                      f"set parallel.allow_overwrite_lock: true (or delete {path})")
+
+
+def _pid_gone(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False

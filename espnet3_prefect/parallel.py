@@ -7,6 +7,7 @@ Everything is checked before any cluster starts; optional backends are imported 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -32,7 +33,8 @@ BACKENDS: dict[str, tuple[str, str | None]] = {
 }
 JOBQUEUE_ENVS = jobqueue.JOBQUEUE_ENVS
 # lifetime_margin_s: batch-scheduler workers retire this long before their walltime (see jobqueue.py).
-TOP_LEVEL_KEYS = ("env", "n_workers", "options", "address", "num_shards", "lifetime_margin_s")
+TOP_LEVEL_KEYS = ("env", "n_workers", "options", "address", "num_shards", "lifetime_margin_s",
+                  "allow_overwrite_lock")
 # Options that only mean something to a batch scheduler; a classic copy-paste mistake under local.
 SCHEDULER_ONLY = (
     "queue", "account", "project", "walltime", "job_extra", "job_extra_directives",
@@ -58,6 +60,7 @@ class ParallelSpec:
     address: str | None = None
     num_shards: int | None = None
     lifetime_margin_s: float | None = None
+    allow_overwrite_lock: bool = False
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None) -> "ParallelSpec":
@@ -66,9 +69,12 @@ class ParallelSpec:
         unknown = sorted(set(block) - set(TOP_LEVEL_KEYS))
         if unknown:
             raise ConfigError(f"parallel.{unknown[0]}: unknown key; valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+        overwrite = block.pop("allow_overwrite_lock", False)
+        if not isinstance(overwrite, bool):
+            raise ConfigError(f"parallel.allow_overwrite_lock: must be true or false, got {overwrite!r}")
         address = block.get("address")
         if address is not None:
-            return cls._remote(block, address)
+            return dataclasses.replace(cls._remote(block, address), allow_overwrite_lock=overwrite)
         env = block.get("env", "local")
         if env not in BACKENDS:
             raise ConfigError(f"parallel.env: unknown backend {env!r}; valid values: {', '.join(BACKENDS)}")
@@ -82,7 +88,7 @@ class ParallelSpec:
         margin = _lifetime_margin(env, block.get("lifetime_margin_s"))
         _check_options(env, dict(options), margin)
         return cls(env=env, n_workers=n_workers, options=dict(options), num_shards=num_shards,
-                   lifetime_margin_s=margin)
+                   lifetime_margin_s=margin, allow_overwrite_lock=overwrite)
 
     @classmethod
     def _remote(cls, block: dict, address: Any) -> "ParallelSpec":

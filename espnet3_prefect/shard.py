@@ -1,4 +1,16 @@
-"""Run shard: forward over one index range, written under a temporary name, published atomically."""
+"""Run shard: drive a runner *class* over one shard through ESPnet3's public hooks only.
+
+Any class with a static or class-level ``forward`` works: the real ``espnet3`` runners, ours, or a
+plain class with the right methods. Where the class has upstream's ``init_state`` /
+``reduce_state`` / ``finalize_state`` they are called (a subclass may override them); otherwise
+their upstream behaviour is applied around its ``open_writers`` / ``write_record`` /
+``close_writers``. The hooks see the final ``split.N`` folder and the env upstream gives them
+(the provider env plus ``output_dir``, ``shard_subdir`` when set, and ``shard_id``).
+
+Around the hooks, and never changing what they receive: the shard lock, per-item error isolation
+(``on_error: skip`` re-runs a failing batch one item at a time), and the done marker with checksums
+written last.
+"""
 
 from __future__ import annotations
 
@@ -7,46 +19,176 @@ import os
 import shutil
 import socket
 import time
-import uuid
 from pathlib import Path
+from typing import Any, Callable, Iterable
 
-from .atomic import publish_dir
-from .marker import shard_files
-from .plan import Shard
+from .envcall import call_hook, call_with_env
+from .errors import ConfigError, ItemError, describe, is_retryable
+from .layout import SHARD_LOCK_NAME, FAILURES_NAME, StageLayout
+from .lock import release_shard_lock, take_shard_lock
+from .marker import remove_marker, write_marker
+from .plan import Shard, Unit
 
 
-FAILURES_NAME = "failures.jsonl"
+def run_shard(runner_cls: type, shard: Shard, env: dict, layout: StageLayout, *, on_error: str = "fail",
+              idx_key: str = "utt_id", marker: dict | None = None, flow_run_id: str | None = None,
+              allow_overwrite_lock: bool = False, log: Callable[[str], Any] | None = None) -> dict:
+    """Run ``shard`` into ``layout.shard_dir(shard.index)`` and mark it done; return a small summary.
 
-
-def execute_shard(runner, env: dict, shard: Shard, out_dir: Path, on_error: str = "fail") -> dict:
-    """Run ``runner`` over ``shard`` into ``out_dir/split.N``; return a small summary (no data).
-
-    The shard is written into a hidden temporary folder and renamed into place when complete;
-    the done marker is written afterwards by the mark-done step.
+    ``marker`` is what the done marker records besides the range and checksums (fingerprint, ...).
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{shard.dir_name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    shard_dir = layout.shard_dir(shard.index)
+    took_over = take_shard_lock(layout.shard_lock(shard.index), flow_run_id, allow_overwrite_lock)
+    if took_over and log:
+        log(f"{shard_dir.name}: took over its lock: {took_over}")
     started = time.perf_counter()
     try:
-        count, failures = runner.write_shard(tmp, range(shard.start, shard.stop), env,
-                                             shard_id=shard.index, on_error=on_error)
+        remove_marker(shard_dir)
+        _clear(shard_dir)
+        failures = drive(runner_cls, shard.units(), env, shard.index, on_error=on_error, idx_key=idx_key)
         if failures:
-            (tmp / FAILURES_NAME).write_text("".join(json.dumps(f, sort_keys=True) + "\n" for f in failures),
-                                             encoding="utf-8")
-        files = shard_files(tmp)
-        publish_dir(tmp, out_dir / shard.dir_name)
+            (shard_dir / FAILURES_NAME).write_text("".join(json.dumps(f, sort_keys=True) + "\n" for f in failures),
+                                                   encoding="utf-8")
+        seconds = round(time.perf_counter() - started, 4)
+        write_marker(shard_dir, {**(marker or {}), "test_set": shard.test_set, "index": shard.index,
+                                 "start": shard.start, "stop": shard.stop, "items": shard.n_items,
+                                 "failed": len(failures), "seconds": seconds, "host": socket.gethostname()})
+    finally:
+        release_shard_lock(layout.shard_lock(shard.index))
+    return {**shard.to_dict(), "items": shard.n_items, "failed": len(failures), "seconds": seconds,
+            "host": socket.gethostname(), "pid": os.getpid(), "job_id": _batch_job_id()}
+
+
+def _clear(shard_dir: Path) -> None:
+    """Empty the shard folder (a previous attempt's files must not survive into this one's marker)."""
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    for child in shard_dir.iterdir():
+        if child.name == SHARD_LOCK_NAME:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _batch_job_id() -> str | None:
+    for name in ("SLURM_JOB_ID", "JOB_ID", "PBS_JOBID", "LSB_JOBID", "OAR_JOB_ID"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def drive(runner_cls: type, units: Iterable[Unit], env: dict, shard_id: int, *, on_error: str = "fail",
+          idx_key: str = "utt_id") -> list[dict]:
+    """``init_state`` -> ``forward`` + ``reduce_state`` per unit -> ``finalize_state``.
+
+    Returns the items skipped under ``on_error: skip`` (each ``{"idx", "item", "error"}``).
+    """
+    hooks = _Hooks(runner_cls)
+    failures: list[dict] = []
+    state = hooks.init(shard_id, env)
+    try:
+        for unit in units:
+            for result in _forward(hooks.forward, unit, env, on_error, failures, idx_key):
+                state = hooks.reduce(state, result, shard_id, env)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _close_quietly(state.get("_writers") if isinstance(state, dict) else None)
         raise
-    return {
-        **shard.to_dict(),
-        "items": count,
-        "failed": len(failures),
-        "seconds": round(time.perf_counter() - started, 4),
-        "files": files,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "sge_job_id": os.environ.get("JOB_ID"),
-    }
+    hooks.finalize(state, shard_id, env)
+    return failures
+
+
+class _Hooks:
+    """The class's own state hooks when it has them, else upstream's behaviour over its writer hooks."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.forward = cls.forward  # bound once (a classmethod makes a new object on every access)
+        self._init = getattr(cls, "init_state", None)
+        self._reduce = getattr(cls, "reduce_state", None)
+        self._finalize = getattr(cls, "finalize_state", None)
+
+    def init(self, shard_id: int, env: dict) -> dict:
+        if self._init is not None:
+            return call_hook(self._init, env=env, shard_id=shard_id)
+        rest = {k: v for k, v in env.items() if k not in ("output_dir", "shard_subdir")}
+        shard_dir = StageLayout(Path(env["output_dir"]), env.get("shard_subdir", "")).shard_dir(shard_id)
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        writers = _optional_hook(self.cls, "open_writers", {}, shard_dir, env=rest, shard_id=shard_id,
+                                 output_dir=env["output_dir"], shard_subdir=env.get("shard_subdir", ""))
+        return {"shard_id": shard_id, "shard_dir": str(shard_dir), "_writers": writers, "records": []}
+
+    def reduce(self, state: dict, result: Any, shard_id: int, env: dict) -> dict:
+        if self._reduce is not None:
+            return call_hook(self._reduce, state, result, env=env, shard_id=shard_id)
+        write = getattr(self.cls, "write_record", None)
+        if write is None:
+            state.setdefault("records", []).append(result)
+        else:
+            call_hook(write, state["_writers"], result, state, env=env, shard_id=shard_id)
+        return state
+
+    def finalize(self, state: dict, shard_id: int, env: dict) -> dict:
+        if self._finalize is not None:
+            return call_hook(self._finalize, state, env=env, shard_id=shard_id)
+        writers = state.get("_writers", {})
+        meta = _optional_hook(self.cls, "close_writers", None, writers, state, env=env, shard_id=shard_id)
+        if meta is None and getattr(self.cls, "close_writers", None) is None:
+            _close_quietly(writers)
+        if meta:
+            state.update(meta)
+        state.pop("_writers", None)
+        return state
+
+
+def _optional_hook(cls: type, name: str, default: Any, *args: Any, env: dict, **explicit: Any) -> Any:
+    fn = getattr(cls, name, None)
+    return default if fn is None else call_hook(fn, *args, env=env, **explicit)
+
+
+def _close_quietly(writers: Any) -> None:
+    """After a failure: close file handles the hooks opened, without calling ``close_writers``."""
+    if isinstance(writers, dict):
+        for writer in writers.values():
+            close = getattr(writer, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - the original failure is what the user needs to see
+                    pass
+
+
+def _forward(forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str) -> list:
+    """``[result]`` for one unit; under ``on_error: skip`` a failing batch is retried item by item
+    (as one-item batches, the shape ``forward`` expects) and failing items are left out."""
+    try:
+        return [call_with_env(forward, unit, env=env)]
+    except ConfigError:
+        raise
+    except Exception as exc:
+        if on_error != "skip":
+            raise ItemError(f"{unit_label(unit, env, idx_key)}: {describe(exc)}", retryable=is_retryable(exc)) from exc
+        if isinstance(unit, list) and len(unit) > 1:
+            return [r for i in unit for r in _forward(forward, [i], env, on_error, failures, idx_key)]
+        index = unit[0] if isinstance(unit, list) else unit
+        failures.append({"idx": index, "item": unit_label(unit, env, idx_key), "error": describe(exc)})
+        return []
+
+
+def unit_label(unit: Unit, env: dict, idx_key: str = "utt_id") -> str:
+    """``item 7 (utt_id='u7')``, ``items 8..11 (utt_id 'u8'..'u11')``, or without ids when the
+    dataset cannot tell them."""
+    indices = unit if isinstance(unit, list) else [unit]
+    ids = [_utt_id(env, i, idx_key) for i in (indices[0], indices[-1])]
+    if len(indices) == 1:
+        return f"item {indices[0]}" + (f" ({idx_key}={ids[0]!r})" if ids[0] is not None else "")
+    span = f"items {indices[0]}..{indices[-1]}"
+    return span + (f" ({idx_key} {ids[0]!r}..{ids[1]!r})" if None not in ids else "")
+
+
+def _utt_id(env: dict, index: int, idx_key: str) -> Any:
+    try:
+        item = env["dataset"][index]
+        return item.get(idx_key) if isinstance(item, dict) else None
+    except Exception:  # noqa: BLE001 - a label is best effort; the item itself may be what fails
+        return None

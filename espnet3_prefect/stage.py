@@ -1,13 +1,19 @@
-"""Turn a loaded config into validated, picklable per-test-set stages (nothing runs yet).
+"""Config -> validated per-test-set stages (nothing runs yet), built the way ESPnet3's ``infer()`` does.
 
-Every check that can fail on bad config happens here, on the driver, before a cluster starts.
+The provider gets ``inference_config`` (the whole config with ``test_set`` set) and ``params`` named
+and valued as upstream sets them (``input_key``, ``idx_key``, ``output_keys``, ``inference_contract``
+(+ ``inference_contract_root``), ``output_fn_path``, ``output_artifacts``); the runner gets
+``provider, idx_key, hyp_key=output_keys or [], ref_key=[], batch_size, output_dir`` plus its own
+``runner:`` block (``resume``, ``shard_subdir``, ...). Every check that can fail on bad config happens
+here, on the driver, before a server or cluster starts.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import inspect
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,14 +21,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from .config import fingerprint, for_test_set, identity_config, list_test_sets
-from .errors import ConfigError
+from .contract import load_inference_contract
+from .errors import ConfigError, one_line
+from .inference_runner import key_list
+from .layout import StageLayout
 from .parallel import ParallelSpec
-from .provider import _accepts_kwarg
-from .runner import BaseRunner, InferenceRunner, _load_output_fn, check_batch_size
-from .targets import instantiate, locate
+from .targets import instantiate, load_callable, locate
+from .worker_env import EnvBuilder
 
-# runner keys that steer the orchestration and are not passed to the runner's constructor
-RUNNER_CONTROL_KEYS = ("resume", "retries", "retry_delay_s", "on_error", "max_failed_ratio", "min_free_mb")
+# runner keys that steer the orchestration: ours, never passed to the runner's constructor
+RUNNER_CONTROL_KEYS = ("retries", "retry_delay_s", "on_error", "max_failed_ratio", "min_free_mb")
 ON_ERROR = ("fail", "skip")
 DEFAULT_MAX_FAILED_RATIO = 0.05
 DEFAULT_MIN_FREE_MB = 100.0
@@ -30,63 +38,70 @@ DEFAULT_RETRIES = 2
 DEFAULT_RETRY_DELAY_S = (2.0, 10.0)
 
 
-@dataclass
-class Stage:
-    """One test set of the infer stage: everything a task needs, small enough to ship per task."""
+@dataclass(frozen=True)
+class StageWork:
+    """What a shard task needs: small, picklable, no runner instance and no model."""
 
     test_set: str
-    out_dir: Path
+    layout: StageLayout
+    runner_cls: type
+    env_key: str
     fingerprint: str
     identity: dict
-    runner: BaseRunner
+    batch_size: int | None = None
+    on_error: str = "fail"
+    idx_key: str = "utt_id"
+    allow_overwrite_lock: bool = False
+
+    def marker_expectation(self, start: int, stop: int) -> dict:
+        return {"fingerprint": self.fingerprint, "identity": self.identity, "start": start, "stop": stop}
+
+
+@dataclass
+class Stage:
+    """One test set of the infer stage, on the driver."""
+
+    work: StageWork
+    runner: Any
+    builder: EnvBuilder
     resume: bool = True
     retries: int = DEFAULT_RETRIES
     retry_delay_s: tuple = DEFAULT_RETRY_DELAY_S
-    on_error: str = "fail"
     max_failed_ratio: float = DEFAULT_MAX_FAILED_RATIO
     min_free_mb: float = DEFAULT_MIN_FREE_MB
     num_shards: int | None = None
     n_workers: int = 1
 
     @property
-    def env_key(self) -> str:
-        """Names this test set's env on the workers (config+code, before any dataset fingerprint)."""
-        return f"{self.test_set}-{self.identity_fingerprint[:12]}"
+    def test_set(self) -> str:
+        return self.work.test_set
+
+    @property
+    def layout(self) -> StageLayout:
+        return self.work.layout
+
+    @property
+    def out_dir(self) -> Path:
+        return self.work.layout.output_dir
 
     @property
     def identity_fingerprint(self) -> str:
-        return fingerprint({"config": self.identity["config"], "code": self.identity["code"]})
+        """config + code, before the dataset's own fingerprint joins (names the env on workers)."""
+        return fingerprint({"config": self.work.identity["config"], "code": self.work.identity["code"]})
 
     def with_dataset(self, dataset_id: str | None) -> "Stage":
         """This stage with the dataset's own fingerprint (when it offers one) in its identity."""
         if not dataset_id:
             return self
-        identity = {**self.identity, "dataset": dataset_id}
-        return dataclasses.replace(self, identity=identity, fingerprint=fingerprint(identity))
-
-    @property
-    def cache_dir(self) -> Path:
-        """Where Prefect keeps shard results (hidden, beside the outputs, on the shared filesystem)."""
-        return self.out_dir.parent / ".prefect-cache"
-
-    def shard_dir(self, index: int) -> Path:
-        return self.out_dir / f"split.{index}"
+        identity = {**self.work.identity, "dataset": dataset_id}
+        work = dataclasses.replace(self.work, identity=identity, fingerprint=fingerprint(identity))
+        return dataclasses.replace(self, work=work)
 
 
 def dataset_id(dataset: Any) -> str | None:
     """The dataset's own fingerprint when it offers ``fingerprint()`` (so changed data redoes shards)."""
     method = getattr(dataset, "fingerprint", None)
     return str(method()) if callable(method) else None
-
-
-def _require_target(cfg: DictConfig, key: str) -> DictConfig:
-    block = OmegaConf.select(cfg, key)
-    if block is None:
-        raise ConfigError(f"{key}: missing; add {key}: {{_target_: ...}} to the config")
-    if not isinstance(block, DictConfig) or not block.get("_target_"):
-        raise ConfigError(f"{key}._target_: missing; name the {key} class")
-    locate(block._target_, f"{key}._target_")
-    return block
 
 
 def code_identity(*objects: Any) -> str:
@@ -102,45 +117,8 @@ def code_identity(*objects: Any) -> str:
     return sha.hexdigest()
 
 
-def _stage_params(cfg: DictConfig, runner_cls: type) -> dict[str, Any]:
-    """Provider params plus the keys ESPnet3's infer stage passes to forward through the env."""
-    raw = cfg.provider.get("params")
-    params = OmegaConf.to_container(raw, resolve=True) if raw is not None else {}
-    if not isinstance(params, dict):
-        raise ConfigError("provider.params: must be a mapping")
-    added: dict[str, Any] = {"idx_key": cfg.get("idx_key") or "utt_id"}
-    input_key = cfg.get("input_key")
-    if issubclass(runner_cls, InferenceRunner) or input_key is not None:
-        if input_key is None or input_key == "" or (not isinstance(input_key, str) and len(input_key) == 0):
-            raise ConfigError("input_key: missing or empty; name the dataset field(s) the model reads")
-        added["input_key"] = input_key if isinstance(input_key, str) else list(input_key)
-    if cfg.get("output_keys") is not None:
-        keys = cfg.output_keys
-        keys = [keys] if isinstance(keys, str) else list(keys)
-        if not keys:
-            raise ConfigError("output_keys: empty list; omit it to write every output field")
-        added["output_keys"] = keys
-    if cfg.get("output_fn"):
-        _load_output_fn(cfg.output_fn)  # fail now, not on a worker
-        added["output_fn"] = str(cfg.output_fn)
-    for key in added:
-        if key in params:
-            raise ConfigError(f"provider.params.{key}: also set at the top level of the config; keep one")
-    return {**params, **added}
-
-
-def _runner_kwargs(cfg: DictConfig, runner_cls: type, out_dir: Path, params: dict) -> dict[str, Any]:
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.runner, resolve=True).items()
-              if k != "_target_" and k not in RUNNER_CONTROL_KEYS}
-    kwargs["batch_size"] = check_batch_size(cfg.get("batch_size"))
-    kwargs["output_dir"] = str(out_dir)
-    if _accepts_kwarg(runner_cls, "idx_key"):
-        kwargs.setdefault("idx_key", params["idx_key"])
-    return kwargs
-
-
 def prepare_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
-    """Validate ``cfg`` and build one :class:`Stage` per test set (provider/runner instantiated)."""
+    """Validate ``cfg`` and build one :class:`Stage` per test set (provider and runner instantiated)."""
     inference_dir = cfg.get("inference_dir")
     if not inference_dir:
         raise ConfigError("inference_dir: missing; set where outputs go")
@@ -150,11 +128,81 @@ def prepare_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
     _require_target(cfg, "provider")
     runner_block = _require_target(cfg, "runner")
     runner_cls = locate(runner_block._target_, "runner._target_")
-    if not (isinstance(runner_cls, type) and issubclass(runner_cls, BaseRunner)) and not hasattr(runner_cls, "forward"):
-        raise ConfigError(f"runner._target_: {runner_block._target_!r} has no static forward()")
+    if not callable(getattr(runner_cls, "forward", None)):
+        raise ConfigError(f"runner._target_: {runner_block._target_!r} has no static or class-level forward()")
+    for key in ("dataset", "model"):
+        if OmegaConf.select(cfg, f"{key}._target_") is not None:
+            locate(OmegaConf.select(cfg, f"{key}._target_"), f"{key}._target_")
+    contract = _contract(cfg)
     control = _runner_control(runner_block)
-    stages = [_stage(cfg, name, Path(inference_dir), runner_cls, control, spec) for name in names]
-    return spec, stages
+    return spec, [_stage(cfg, name, Path(inference_dir), runner_cls, contract, control, spec) for name in names]
+
+
+def _require_target(cfg: DictConfig, key: str) -> DictConfig:
+    block = OmegaConf.select(cfg, key)
+    if block is None:
+        raise ConfigError(f"{key}: missing; add {key}: {{_target_: ...}} to the config")
+    if not isinstance(block, DictConfig) or not block.get("_target_"):
+        raise ConfigError(f"{key}._target_: missing; name the {key} class")
+    locate(block._target_, f"{key}._target_")
+    return block
+
+
+def _contract(cfg: DictConfig) -> Any:
+    """The ``contract:`` block, loaded now so a bad one fails before anything starts."""
+    raw = cfg.get("contract")
+    if raw is None:
+        return None
+    try:
+        contract = load_inference_contract(raw)
+    except ConfigError:
+        raise
+    except Exception as exc:  # upstream's loader raises TypeError/ValueError/ImportError
+        raise ConfigError(f"contract: {type(exc).__name__}: {one_line(exc)}") from None
+    if cfg.get("output_fn"):
+        raise ConfigError("output_fn: cannot be combined with contract: (drop one of them)")
+    contract.validate_input_keys(_input_key(cfg))
+    return contract
+
+
+def _input_key(cfg: DictConfig) -> Any:
+    input_key = cfg.get("input_key")
+    if input_key is None or input_key == "" or (not isinstance(input_key, str) and len(input_key) == 0):
+        raise ConfigError("input_key: missing or empty; name the dataset field(s) the model reads")
+    return input_key if isinstance(input_key, str) else list(input_key)
+
+
+def _output_keys(cfg: DictConfig) -> list[str] | None:
+    if cfg.get("output_keys") is None:
+        return None
+    keys = key_list(cfg.output_keys)
+    if not keys:
+        raise ConfigError("output_keys: empty list; omit it to write every output field")
+    return keys
+
+
+def stage_params(cfg: DictConfig, contract: Any = None) -> dict[str, Any]:
+    """Provider params exactly as ESPnet3 202611's ``infer()`` builds them."""
+    raw = OmegaConf.select(cfg, "provider.params")
+    params = OmegaConf.to_container(raw, resolve=True) if raw is not None else {}
+    if not isinstance(params, dict):
+        raise ConfigError("provider.params: must be a mapping")
+    added: dict[str, Any] = {"input_key": _input_key(cfg), "idx_key": cfg.get("idx_key", "utt_id"),
+                             "output_keys": _output_keys(cfg)}
+    if contract is not None:
+        added["inference_contract"] = OmegaConf.to_container(cfg.contract, resolve=True)
+        if getattr(contract, "imports", ()):
+            added["inference_contract_root"] = str(Path(cfg.get("recipe_dir") or ".").resolve())
+    if cfg.get("output_fn"):
+        load_callable(cfg.output_fn, "output_fn")  # fail now, not on a worker
+        added["output_fn_path"] = cfg.output_fn
+    artifacts = cfg.get("output_artifacts") or {}
+    added["output_artifacts"] = OmegaConf.to_container(artifacts, resolve=True) if OmegaConf.is_config(artifacts) \
+        else dict(artifacts)
+    clash = sorted(set(added) & set(params))
+    if clash:
+        raise ConfigError(f"provider.params.{clash[0]}: also set by the stage from the top-level config; keep one")
+    return {**params, **added}
 
 
 def _runner_control(block: DictConfig) -> dict:
@@ -165,9 +213,6 @@ def _runner_control(block: DictConfig) -> dict:
     delay = [delay] if isinstance(delay, (int, float)) else list(delay)
     if not delay or any(isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0 for d in delay):
         raise ConfigError(f"runner.retry_delay_s: must be a number or list of numbers >= 0, got {delay!r}")
-    resume = block.get("resume", True)
-    if not isinstance(resume, bool):
-        raise ConfigError(f"runner.resume: must be true or false, got {resume!r}")
     on_error = block.get("on_error", "fail")
     if on_error not in ON_ERROR:
         raise ConfigError(f"runner.on_error: {on_error!r} is not one of: {', '.join(ON_ERROR)}")
@@ -177,23 +222,89 @@ def _runner_control(block: DictConfig) -> dict:
     free = block.get("min_free_mb", DEFAULT_MIN_FREE_MB)
     if isinstance(free, bool) or not isinstance(free, (int, float)) or free < 0:
         raise ConfigError(f"runner.min_free_mb: must be a number >= 0, got {free!r}")
-    return {"retries": retries, "retry_delay_s": tuple(float(d) for d in delay), "resume": resume,
-            "on_error": on_error, "max_failed_ratio": float(ratio), "min_free_mb": float(free)}
+    return {"retries": retries, "retry_delay_s": tuple(float(d) for d in delay), "on_error": on_error,
+            "max_failed_ratio": float(ratio), "min_free_mb": float(free)}
 
 
-def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, control: dict,
+def check_batch_size(value: Any) -> int | None:
+    """``batch_size`` is a positive int or null.
+
+    >>> check_batch_size(None), check_batch_size(8)
+    (None, 8)
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"batch_size: must be a positive integer or null, got {value!r}")
+    return value
+
+
+def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, contract: Any, control: dict,
            spec: ParallelSpec) -> Stage:
-    sub = for_test_set(cfg, name)
+    config = copy.deepcopy(cfg)  # the provider's own copy (it updates it with its params), as infer() passes
+    OmegaConf.set_struct(config, False)
+    config.test_set = name
     out_dir = inference_dir.expanduser().resolve() / name
-    params = _stage_params(sub, runner_cls)
-    provider_cfg = OmegaConf.create({k: v for k, v in sub.provider.items() if k != "params"})
-    provider = instantiate(provider_cfg, inference_config=sub, params=params, _recursive_=False)
-    runner_cfg = OmegaConf.create({k: v for k, v in sub.runner.items() if k not in RUNNER_CONTROL_KEYS})
-    runner = instantiate(runner_cfg, provider=provider, _recursive_=False,
-                         **_runner_kwargs(sub, runner_cls, out_dir, params))
-    output_fn = _load_output_fn(params.get("output_fn"))
-    code = code_identity(type(runner), type(provider), output_fn)
-    identity = {"config": identity_config(sub), "code": code}  # the dataset's id joins after build-env
-    fp = fingerprint(identity)
-    return Stage(test_set=name, out_dir=out_dir, fingerprint=fp, identity=identity, runner=runner,
-                 num_shards=spec.num_shards, n_workers=spec.n_workers, **control)
+    params = stage_params(config, contract)
+    batch_size = check_batch_size(cfg.get("batch_size"))
+    provider_cfg = OmegaConf.create({k: v for k, v in cfg.provider.items() if k != "params"})
+    provider = instantiate(provider_cfg, inference_config=config, params=params, _recursive_=False)
+    runner = _runner(cfg, runner_cls, provider, params, batch_size, out_dir)
+    resume = getattr(runner, "resume", True)
+    if not isinstance(resume, bool):
+        raise ConfigError(f"runner.resume: must be true or false, got {resume!r}")
+    shard_subdir = str(getattr(runner, "shard_subdir", "") or "")
+    if shard_subdir and (shard_subdir.startswith("/") or ".." in Path(shard_subdir).parts):
+        raise ConfigError(f"runner.shard_subdir: {shard_subdir!r} must be a relative folder inside the output dir")
+    output_fn = load_callable(params["output_fn_path"], "output_fn") if "output_fn_path" in params else None
+    identity = {"config": identity_config(for_test_set(cfg, name)),
+                "code": code_identity(runner_cls, type(provider), output_fn)}  # the dataset's id joins later
+    setup = _worker_setup(provider)
+    layout = StageLayout(out_dir, shard_subdir)
+    work = StageWork(test_set=name, layout=layout, runner_cls=type(runner), env_key="", fingerprint=fingerprint(identity),
+                     identity=identity, batch_size=batch_size, on_error=control["on_error"],
+                     idx_key=params["idx_key"], allow_overwrite_lock=spec.allow_overwrite_lock)
+    stage = Stage(work=work, runner=runner, builder=EnvBuilder(setup, str(out_dir), shard_subdir,
+                                                               type(provider).__qualname__),
+                  resume=resume, num_shards=spec.num_shards, n_workers=spec.n_workers,
+                  **{k: v for k, v in control.items() if k != "on_error"})
+    env_key = f"{name}-{stage.identity_fingerprint[:12]}"
+    return dataclasses.replace(stage, work=dataclasses.replace(work, env_key=env_key))
+
+
+def _runner(cfg: DictConfig, runner_cls: type, provider: Any, params: dict, batch_size: int | None,
+            out_dir: Path) -> Any:
+    block = OmegaConf.create({k: v for k, v in cfg.runner.items() if k not in RUNNER_CONTROL_KEYS})
+    kwargs = {"provider": provider, "idx_key": params["idx_key"], "hyp_key": params["output_keys"] or [],
+              "ref_key": [], "batch_size": batch_size, "output_dir": out_dir}
+    accepted = _accepted(runner_cls)
+    if accepted is not None:  # a class without **kwargs gets only what it takes (upstream would TypeError)
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted or k in ("provider",)}
+    return instantiate(block, _recursive_=False, **kwargs)
+
+
+def _accepted(cls: type) -> set[str] | None:
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+def _worker_setup(provider: Any) -> Any:
+    """``provider.build_worker_setup_fn()``, called on the driver as upstream does; a provider with
+    only ``build_env_local`` builds the env the local way on each worker."""
+    build = getattr(provider, "build_worker_setup_fn", None)
+    if callable(build):
+        setup = build()
+    elif callable(getattr(provider, "build_env_local", None)):
+        setup = provider.build_env_local
+    else:
+        raise ConfigError(f"provider._target_: {type(provider).__qualname__} has neither build_worker_setup_fn() "
+                          f"nor build_env_local()")
+    if not callable(setup):
+        raise ConfigError(f"provider._target_: {type(provider).__qualname__}.build_worker_setup_fn() must return a "
+                          f"function, got {type(setup).__name__}")
+    return setup

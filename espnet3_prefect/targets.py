@@ -19,9 +19,9 @@ ESPNET3_ALIASES = {
     "espnet3.parallel.inference_provider.InferenceProvider": "espnet3_prefect.provider.InferenceProvider",
     "espnet3.systems.base.inference_provider.InferenceProvider": "espnet3_prefect.provider.InferenceProvider",
     "espnet3.parallel.base_runner.BaseRunner": "espnet3_prefect.runner.BaseRunner",
-    "espnet3.systems.base.inference_runner.InferenceRunner": "espnet3_prefect.runner.InferenceRunner",
-    "espnet3.systems.asr.metrics.wer.WER": "espnet3_prefect.metrics.WER",
-    "espnet3.systems.asr.metrics.cer.CER": "espnet3_prefect.metrics.CER",
+    "espnet3.systems.base.inference_runner.InferenceRunner": "espnet3_prefect.inference_runner.InferenceRunner",
+    "espnet3.systems.esp2_asr.metrics.wer.WER": "espnet3_prefect.metrics.WER",
+    "espnet3.systems.esp2_asr.metrics.cer.CER": "espnet3_prefect.metrics.CER",
 }
 
 
@@ -95,3 +95,13 @@ def instantiate(node: Any, **kwargs: Any) -> Any:
     except Exception as exc:  # Hydra wraps the cause; keep ours one line
         cause = exc.__cause__ or exc
         raise ConfigError(f"_target_ {target!r}: instantiation failed: {one_line(cause)}") from exc
+
+
+def load_callable(path: Any, key: str) -> Any:
+    """A callable given as a dotted path (or already a callable); errors name ``key``."""
+    if callable(path):
+        return path
+    obj = locate(path, key)
+    if not callable(obj):
+        raise ConfigError(f"{key}: {path!r} is not callable")
+    return obj

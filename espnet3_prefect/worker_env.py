@@ -1,5 +1,8 @@
 """Build env per worker: the provider's env is built once per worker process and cached here.
 
+The provider's ``build_worker_setup_fn()`` is called on the driver (as ESPnet3 does) and the function
+it returns travels to the workers inside an :class:`EnvBuilder`, which adds the keys upstream adds
+(``output_dir``, and ``shard_subdir`` when set; ``setdefault``, so a provider's own entry wins).
 This module is importable on every worker (never ``__main__``), so the cache outlives tasks.
 :class:`EnvPlugin` builds the env on every worker when registered, and on every worker that joins
 later; :func:`get_env` builds it lazily wherever the plugin has not (first shard on a worker).
@@ -9,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -21,23 +26,34 @@ _ENVS: dict[str, dict[str, Any]] = {}
 _LOCK = threading.Lock()
 
 
-def build_env(provider) -> dict[str, Any]:
-    """Call the provider's worker setup function and check it returned a plain dict."""
-    setup = provider.build_worker_setup_fn()
-    env = setup()
-    if not isinstance(env, dict):
-        raise ConfigError(
-            f"provider {type(provider).__qualname__}: worker setup must return a dict, got {type(env).__name__}")
-    return env
+@dataclass
+class EnvBuilder:
+    """A worker's env: the provider's setup function plus the keys the shard hooks need."""
+
+    setup_fn: Callable[[], dict]
+    output_dir: str
+    shard_subdir: str = ""
+    provider_name: str = "provider"
+
+    def __call__(self) -> dict[str, Any]:
+        env = self.setup_fn()
+        if not isinstance(env, dict):
+            raise ConfigError(f"{self.provider_name}.build_worker_setup_fn(): the setup function must return a "
+                              f"dict, got {type(env).__name__}")
+        env = dict(env)
+        env.setdefault("output_dir", self.output_dir)
+        if self.shard_subdir:
+            env.setdefault("shard_subdir", self.shard_subdir)
+        return env
 
 
-def get_env(key: str, provider) -> dict[str, Any]:
-    """The env for ``key`` in this process, built by ``provider`` on first use (thread-safe)."""
+def get_env(key: str, builder: Callable[[], dict]) -> dict[str, Any]:
+    """The env for ``key`` in this process, built by ``builder`` on first use (thread-safe)."""
     with _LOCK:
         env = _ENVS.get(key)
         if env is None:
             log.info("building env %s", key)
-            env = _ENVS[key] = build_env(provider)
+            env = _ENVS[key] = builder()
         return env
 
 
@@ -56,16 +72,18 @@ def cached_keys() -> list[str]:
 class EnvPlugin(WorkerPlugin):
     """Builds the env on each worker at registration and on each worker that joins later.
 
-    The build runs in a thread, so the worker keeps answering heartbeats while a model loads.
+    The build runs in a thread, so the worker keeps answering heartbeats while a model loads. As
+    ESPnet3's worker plugin does, it sets ``DASK_WORKER_ID`` for the worker's code.
     """
 
-    def __init__(self, key: str, provider):
+    def __init__(self, key: str, builder: Callable[[], dict]):
         self.key = key
         self.name = f"espnet3-env-{key}"
-        self.provider = provider
+        self.builder = builder
 
     async def setup(self, worker) -> None:
-        await asyncio.to_thread(get_env, self.key, self.provider)
+        os.environ["DASK_WORKER_ID"] = str(worker.id)
+        await asyncio.to_thread(get_env, self.key, self.builder)
 
     def teardown(self, worker) -> None:
         drop_env(self.key)

@@ -1,1 +1,1 @@
-"""Prefect tasks, one file per step: build_env, run_shard, mark_done, merge (infer); score (metrics)."""
+"""Prefect tasks, one file per step: build_env, run_shard (marks each shard done), merge (infer); score (metrics)."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.marker import check_marker, read_marker
 from espnet3_prefect.plan import Shard
-from espnet3_prefect.shard import execute_shard
+from espnet3_prefect.shard import run_shard as run_shard_hooks
 from espnet3_prefect.worker_env import get_env
 
-from .build_env import _not_input_error
+from .build_env import retry_if_it_can_help
 
 
 def shard_cache_key(context, parameters) -> str:
@@ -18,38 +19,47 @@ def shard_cache_key(context, parameters) -> str:
     So a re-run of the same stage hits the cache; any change in what the shard would compute
     misses it. The flow trusts a hit only after checking the shard's done marker and files.
     """
-    stage, shard = parameters["stage"], parameters["shard"]
-    return f"e3p-{stage.fingerprint[:32]}-{stage.test_set}-{shard['index']}-{shard['start']}-{shard['stop']}"
+    work, shard = parameters["work"], parameters["shard"]
+    return f"e3p-{work.fingerprint[:32]}-{work.test_set}-{shard['index']}-{shard['start']}-{shard['stop']}"
 
 
-def marker_expectation(stage, shard: dict) -> dict:
-    return {"fingerprint": stage.fingerprint, "identity": stage.identity,
-            "start": shard["start"], "stop": shard["stop"]}
+def _worker_builder(work):
+    """The env builder the ``build-env`` task registered on this worker (shipped once, not per task)."""
+    from distributed import get_worker
+
+    plugin = get_worker().plugins.get(f"espnet3-env-{work.env_key}")
+    if plugin is None:
+        raise ConfigError(f"test set {work.test_set!r}: no env plugin on this worker (build-env did not run)")
+    return plugin.builder
 
 
-@task(name="run-shard", task_run_name="run-shard-{shard[index]}", cache_key_fn=shard_cache_key,
-      persist_result=True, retry_condition_fn=_not_input_error)
-def run_shard(stage, shard: dict, force: bool = False) -> dict:
-    """Run one shard and return its summary (counts, seconds, file checksums; never the data).
+@task(name="run-shard", task_run_name="run-shard-{work.test_set}-{shard[index]}", cache_key_fn=shard_cache_key,
+      persist_result=True, retry_condition_fn=retry_if_it_can_help)
+def run_shard(work, shard: dict, force: bool = False) -> dict:
+    """Run one shard and mark it done; return its summary (counts and seconds, never the data).
 
     Unless ``force``, a shard whose done marker and files are intact is not recomputed.
     """
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
-    shard_dir = stage.shard_dir(shard["index"])
+    shard_dir = work.layout.shard_dir(shard["index"])
     marker = read_marker(shard_dir)
+    run_id = str(flow_run.id) if flow_run.id else None
     # Forced shards distrust earlier runs' markers, but not one written by this very flow run:
     # Dask re-runs a finished task whose result died with its worker (prefect#15442).
-    trusted = not force or (marker or {}).get("flow_run_id") == str(flow_run.id)
-    if trusted and marker and check_marker(shard_dir, marker_expectation(stage, shard)) is None:
-        logger.info("split.%d: done marker intact, nothing to do", shard["index"])
+    trusted = not force or (marker or {}).get("flow_run_id") == run_id
+    if trusted and marker and check_marker(shard_dir, work.marker_expectation(shard["start"], shard["stop"])) is None:
+        logger.info("%s: done marker intact, nothing to do", shard_dir.name)
         return {**marker, "reused": True}
-    env = get_env(stage.env_key, stage.runner.provider)
-    result = execute_shard(stage.runner, env, Shard(**shard), stage.out_dir, on_error=stage.on_error)
-    logger.info("split.%d: %d items [%d, %d) in %.2f s", shard["index"], result["items"],
-                shard["start"], shard["stop"], result["seconds"])
+    env = get_env(work.env_key, _worker_builder(work))
+    result = run_shard_hooks(
+        work.runner_cls, Shard(**shard), env, work.layout, on_error=work.on_error, idx_key=work.idx_key,
+        marker={"fingerprint": work.fingerprint, "identity": work.identity, "flow_run_id": run_id},
+        flow_run_id=run_id, allow_overwrite_lock=work.allow_overwrite_lock, log=logger.warning)
+    logger.info("%s: %d items [%d, %d) in %.2f s", shard_dir.name, result["items"], shard["start"], shard["stop"],
+                result["seconds"])
     if result["failed"]:
-        logger.warning("split.%d: %d item(s) failed and were skipped (on_error: skip); see %s/failures.jsonl",
-                       shard["index"], result["failed"], shard_dir)
+        logger.warning("%s: %d item(s) failed and were skipped (on_error: skip); see %s/failures.jsonl",
+                       shard_dir.name, result["failed"], shard_dir)
     return {**result, "reused": False}

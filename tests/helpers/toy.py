@@ -84,6 +84,18 @@ class CountingProvider(InferenceProvider):
         _append(self.config.get("toy", {}).get("build_log"), f"build {os.getpid()}")
         return super().build_env_local()
 
+    def build_worker_setup_fn(self):
+        return _CountingSetup(self.config.get("toy", {}).get("build_log"), super().build_worker_setup_fn())
+
+
+class _CountingSetup:
+    def __init__(self, log, setup):
+        self.log, self.setup = log, setup
+
+    def __call__(self):
+        _append(self.log, f"build {os.getpid()}")
+        return self.setup()
+
 
 class CountingRunner(InferenceRunner):
     """Logs ``<pid> <idx>`` for every item forward() computes."""

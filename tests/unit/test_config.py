@@ -28,7 +28,7 @@ def test_espnet3_recipe_config_runs_unchanged(tmp_path):
     cfg["runner"]["_target_"] = "espnet3.systems.base.inference_runner.InferenceRunner"
     cfg["provider"]["params"] = {}
     _, [stage] = prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)]))
-    assert type(stage.runner).__module__ == "espnet3_prefect.runner"
+    assert type(stage.runner).__module__ == "espnet3_prefect.inference_runner"
     assert stage.runner.idx_key == "utt_id"
 
 
@@ -41,7 +41,7 @@ def test_no_parallel_block_means_local_one_worker(tmp_path):
 
 def test_fingerprint_ignores_how_it_runs_but_not_what_it_computes(tmp_path):
     path = write_yaml(tmp_path / "c.yaml", toy_config(tmp_path))
-    fp = lambda *o: prepare_stages(load_config([path], list(o)))[1][0].fingerprint
+    fp = lambda *o: prepare_stages(load_config([path], list(o)))[1][0].work.fingerprint
     base = fp()
     assert fp("parallel.n_workers=7", "runner.retries=5", "runner.resume=false") == base
     assert fp("model.scale=4") != base

@@ -6,7 +6,8 @@ from espnet3_prefect import BadInputError, BaseRunner, ConfigError, InferenceRun
 from espnet3_prefect.envcall import call_with_env
 from espnet3_prefect.marker import check_marker, shard_files, write_marker
 from espnet3_prefect.plan import default_num_shards
-from espnet3_prefect.runner import check_utt_id
+from espnet3_prefect.inference_runner import _utt_id
+from espnet3_prefect.shard import drive
 
 
 @pytest.mark.parametrize("n, k", [(1, 1), (7, 3), (100, 32), (5, 9), (1000, 7)])
@@ -28,8 +29,8 @@ def test_marker_detects_missing_changed_and_truncated_files(tmp_path):
     (tmp_path / "hyp.scp").write_text("u1 a\n")
     expect = {"fingerprint": "f1", "start": 0, "stop": 1, "identity": {"config": {"a": 1}}}
     assert check_marker(tmp_path, expect) == f"{tmp_path.name}: no done marker"
-    write_marker(tmp_path, {"files": shard_files(tmp_path), "fingerprint": "f1", "start": 0, "stop": 1,
-                            "identity": {"config": {"a": 1}}})
+    write_marker(tmp_path, {"fingerprint": "f1", "start": 0, "stop": 1, "identity": {"config": {"a": 1}}})
+    assert set(shard_files(tmp_path)) == {"hyp.scp"}
     assert check_marker(tmp_path, expect) is None
     assert "config changed since it ran (config.a)" in check_marker(
         tmp_path, {**expect, "fingerprint": "f2", "identity": {"config": {"a": 2}}})
@@ -48,10 +49,10 @@ def test_env_injection_by_name_and_conflicts():
         call_with_env(forward, 1, env={"model": 10}, model=3)
 
 
-@pytest.mark.parametrize("utt", ["", "a b", "a/b", "..", "tab\there", None])
+@pytest.mark.parametrize("utt", ["", "a b", "a/b", "..", "tab\there", "back\\slash"])
 def test_bad_utt_ids_are_rejected(utt):
     with pytest.raises(BadInputError):
-        check_utt_id(utt)
+        _utt_id(utt, "utt_id")
 
 
 class _EchoProvider:
@@ -69,18 +70,23 @@ def test_inference_runner_writes_one_scp_per_field_in_order(tmp_path):
     env = {**provider.build_env_local(), "output_fn": out}
     runner = InferenceRunner(provider, batch_size=2, output_dir=tmp_path)
     shard = tmp_path / "split.0"
-    shard.mkdir()
-    assert runner.write_shard(shard, range(5), env) == (5, [])
+    assert drive(InferenceRunner, [[0, 1], [2, 3], [4]], {**env, "output_dir": str(tmp_path)}, 0) == []
     assert (shard / "hyp.scp").read_text() == "".join(f"u{i} h{i}\n" for i in range(5))
     assert (shard / "score.scp").read_text().splitlines()[3] == "u3 1.5"
-    assert runner.merge([shard]) == {"hyp": str(tmp_path / "hyp.scp"), "score": str(tmp_path / "score.scp")}
+    assert (shard / "field_keys.txt").read_text() == "hyp\nscore\n"
+    assert runner.merge([shard]) is None
     assert (tmp_path / "hyp.scp").read_bytes() == (shard / "hyp.scp").read_bytes()
 
 
-def test_runner_batch_size_validation():
+def test_runner_batch_size_validation(tmp_path):
+    class Echo(BaseRunner):
+        @staticmethod
+        def forward(idx, **env):
+            return idx
+
     with pytest.raises(ConfigError, match="batch_size: must be a positive integer or null, got 0"):
-        BaseRunner(None, batch_size=0)
-    assert list(BaseRunner(None, batch_size=2).batches(range(5))) == [[0, 1], [2, 3], [4]]
+        Echo(None, batch_size=0, output_dir=tmp_path)(range(3))
+    assert list(plan_shards("t", 5, 1, batch_size=2)[0].units()) == [[0, 1], [2, 3], [4]]
 
 
 def test_base_runner_local_call_with_seed_style_writer_hooks(tmp_path):
@@ -124,6 +130,9 @@ def test_device_resolution(monkeypatch):
     monkeypatch.setattr(provider, "_cuda_device_count", lambda: 2)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert resolve_device({}) == "cuda:0"
-    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
     assert resolve_device({}) == "cuda:1"
     assert resolve_device({"device_index": 0}) == "cuda:0"
+    monkeypatch.setenv("LOCAL_RANK", "3")  # a logical index beyond the visible GPUs is an error (ESPnet3's rule)
+    with pytest.raises(ConfigError, match="CUDA device 3 does not exist for this process \\(2 visible GPU"):
+        resolve_device({})

@@ -15,7 +15,7 @@ def _write(tmp_path, records):
     writers = InferenceRunner.open_writers(tmp_path)
     for record in records:
         InferenceRunner.write_record(writers, record, {}, idx_key="utt_id")
-    InferenceRunner.close_writers(writers)
+    InferenceRunner.close_writers(writers, {})
 
 
 def test_scp_keeps_spaces_and_non_ascii_verbatim(tmp_path):

@@ -1,0 +1,95 @@
+"""The resume policy: which shards of a test set run again, and when a test set needs no work at all.
+
+A shard is done only when its ``split.N/done`` marker is ours, matches the plan (range) and the
+config+code+data fingerprint, and every file it lists still has its checksum. Anything else runs
+again: a missing or foreign marker (upstream's empty ``done`` cannot be verified), a changed config,
+a damaged file. ``runner.resume: false`` runs everything. A test set needs no cluster at all when,
+besides, its last merge is recorded for the same config and its merged outputs are unchanged.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Callable
+
+from .layout import StageLayout
+from .marker import check_marker
+from .merge import merged_outputs_intact, read_merged_record
+from .plan import Shard, default_num_shards, plan_shards
+from .stage import Stage, dataset_id
+
+
+def shards_to_redo(stage: Stage, shards: list[Shard], log: Callable[[str], None]) -> dict[int, bool]:
+    """``{shard index: must run}``; logs why, for a few shards, when it is not just "not run yet"."""
+    if not stage.resume:
+        log("runner.resume is false: every shard runs")
+        return {s.index: True for s in shards}
+    redo, reasons = {}, []
+    for shard in shards:
+        reason = check_marker(stage.layout.shard_dir(shard.index), stage.work.marker_expectation(shard.start, shard.stop))
+        redo[shard.index] = reason is not None
+        if reason is not None and "no done marker" not in reason:
+            reasons.append(reason)
+    for reason in reasons[:5]:
+        log(f"redoing {reason}")
+    if len(reasons) > 5:
+        log(f"... and {len(reasons) - 5} more shards for similar reasons")
+    log(f"{stage.test_set}: {sum(not r for r in redo.values())} of {len(shards)} shards already done")
+    return redo
+
+
+def remove_stale(layout: StageLayout, n_shards: int) -> list[str]:
+    """Remove shard folders beyond the plan (an earlier, larger plan) so a recipe's merge never sees them."""
+    removed = []
+    for index, path in sorted(layout.existing_shards().items()):
+        if index >= n_shards:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
+
+def already_complete(stage: Stage) -> tuple[dict | None, str]:
+    """``(summary, "")`` for a test set that needs no work, else ``(None, why)``; no cluster needed.
+
+    Needs: resume on, a merge record for this config+code, the dataset (built here, as ESPnet3 does
+    for its length) of the same size and fingerprint, every shard's marker and files intact, and the
+    merged files unchanged.
+    """
+    started = time.perf_counter()
+    record = read_merged_record(stage.layout)
+    provider = getattr(stage.runner, "provider", None)
+    if not stage.resume:
+        return None, "not resumable (runner.resume: false)"
+    if not record:
+        return None, "no finished merge"
+    if record.get("identity_fingerprint") != stage.identity_fingerprint:
+        return None, "config or code changed since the last merge"
+    build_dataset = getattr(type(provider), "build_dataset", None)
+    if not callable(build_dataset):
+        return None, "the provider has no build_dataset() to size the test set without a cluster"
+    dataset = build_dataset(provider.config)
+    stage = stage.with_dataset(dataset_id(dataset))
+    n_items = len(dataset)
+    if record.get("fingerprint") != stage.work.fingerprint or record.get("n_items") != n_items:
+        return None, "the dataset changed since the last merge"
+    shards = plan_for(stage, n_items)
+    if len(shards) != record.get("num_shards"):
+        return None, "the shard plan changed"
+    for shard in shards:
+        reason = check_marker(stage.layout.shard_dir(shard.index), stage.work.marker_expectation(shard.start, shard.stop))
+        if reason is not None:
+            return None, reason
+    reason = merged_outputs_intact(stage.layout, record)
+    if reason is not None:
+        return None, reason
+    return {"test_set": stage.test_set, "shards": len(shards), "items": n_items, "shards_run": 0,
+            "shards_cached": len(shards), "failed": record.get("failed", 0), "outputs": record.get("outputs", {}),
+            "seconds": time.perf_counter() - started, "workers": 0}, ""
+
+
+def plan_for(stage: Stage, n_items: int) -> list[Shard]:
+    """The stage's shard plan for ``n_items`` items (``parallel.num_shards`` or the default count)."""
+    batch_size = stage.work.batch_size
+    count = stage.num_shards or default_num_shards(n_items, stage.n_workers, batch_size)
+    return plan_shards(stage.test_set, n_items, count, batch_size)
