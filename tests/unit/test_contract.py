@@ -687,3 +687,35 @@ def test_with_espnet3_importable_every_function_is_espnet3s(monkeypatch):
         mine = C.load_inference_contract({"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text"}}})
     assert C.resolve_inference_contract(mine) is mine
     assert C.validate_inference_outputs({"y": "a"}, 0, mine, None, {0: {}}, "utt_id") == {"y": "a", "utt_id": "0"}
+
+
+def test_contracts_and_audio_survive_pickling_for_workers():
+    import pickle
+
+    contract = load({"speech": {"kind": "audio", "sample_rate": 8000, "normalize": "first_channel"}},
+                    {"text": {"kind": "text", "normalize": ["strip"]}})
+    again = pickle.loads(pickle.dumps(contract))
+    assert again == contract
+    audio = pickle.loads(pickle.dumps(C.Audio(np.zeros((2, 5), np.int16), 8000)))
+    assert audio.rate == 8000 and audio.array.shape == (2, 5) and audio.array.dtype == np.float32
+    prepared, _ = C.prepare_inference_inputs([{"speech": (8000, np.ones((5, 2)))}], 0, again, None)
+    assert prepared[0]["speech"].array.shape == (5,)
+
+
+def test_standalone_switch_restores_the_flag(monkeypatch):
+    monkeypatch.setattr(C, "STANDALONE", False)
+    with C.standalone():
+        assert C.STANDALONE and not C.delegates()
+    assert C.STANDALONE is False
+    assert issubclass(C.ContractTypeError, TypeError) and issubclass(C.ContractTypeError, ConfigError)
+
+
+@pytest.mark.parametrize("forced", [True, False], ids=["standalone", "as-installed"])
+@pytest.mark.parametrize("module", ["espnet3_prefect.contract", "espnet3_prefect.artifacts"])
+def test_docstring_examples_run(module, forced, monkeypatch):
+    """The modules' examples hold standalone and delegated to espnet3 (where it is importable)."""
+    import doctest
+
+    monkeypatch.setattr(C, "STANDALONE", forced)
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 10
