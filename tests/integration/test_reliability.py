@@ -65,8 +65,8 @@ def test_shard_that_always_kills_its_worker_fails_by_name_and_others_stay_done(p
     assert "split.3 items [15, 20): its worker died while running it (KilledWorker)" in message
     out = tmp_path / "inference/test_a"
     assert all((out / f"split.{i}/done").is_file() for i in (0, 1, 2))
-    assert not (out / "split.3").exists() and not (out / "y.scp").exists()
-    task_state = _task_run_state(state.state_details.flow_run_id, "run-shard-3")
+    assert not (out / "split.3/done").exists() and not (out / "y.scp").exists()
+    task_state = _task_run_state(state.state_details.flow_run_id, "run-shard-test_a-3")
     assert task_state.type.value == "CRASHED", task_state  # not left Running
 
 
