@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger
 from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.config import load_config_input
 from espnet3_prefect.dataprep import ensure_prepared
-from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, is_retryable, one_line
+from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, describe, is_retryable, one_line
 from espnet3_prefect.lock import acquire
 from espnet3_prefect.merge import remove_merged
 from espnet3_prefect.plan import Shard, write_manifest
@@ -204,7 +204,7 @@ def _failure(future, shard: Shard, exc: Exception) -> str:
         mark_task_run_crashed(future.task_run_id, message, task=run_shard,
                               name=f"run-shard-{shard.test_set}-{shard.index}", flow_run_id=flow_run.id)
         return message
-    return f"{where}: {type(exc).__name__}: {one_line(exc)}"
+    return f"{where}: {describe(exc)}"
 
 
 def _forget_env(runner, stage: Stage) -> None:

@@ -29,7 +29,7 @@ def test_cli_embedded_server_runs_flow_records_workers_and_stops(tmp_path):
 
         with SyncPrefectClient(info["api_url"]) as client:
             names = {t.name for t in client.read_task_runs()}
-        assert {"run-shard-0", "run-shard-1"} <= names  # worker task runs landed on the one server
+        assert {"run-shard-test_a-0", "run-shard-test_a-1"} <= names  # worker task runs landed on the one server
         assert "database is locked" not in proc.stderr
     finally:
         from espnet3_prefect.server import stop_server

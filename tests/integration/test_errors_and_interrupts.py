@@ -1,0 +1,72 @@
+"""What a user meets when things go wrong: bad input is never retried and stops the run at once with
+one line; a typo in input_key fails before any shard; Ctrl-C keeps every finished shard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import toy_config, write_yaml
+from tests.helpers.procs import CLI
+from tests.helpers.toy import read_lines
+
+pytestmark = pytest.mark.slow
+
+
+def run_infer(tmp_path, cfg: dict, overrides=()):
+    from espnet3_prefect.flows.infer import infer
+
+    return infer(config=[str(write_yaml(tmp_path / "inference.yaml", cfg))], overrides=list(overrides))
+
+
+def test_bad_input_is_not_retried_and_stops_the_other_shards(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=40, num_shards=8, n_workers=1, bad={1: "no_input"})
+    cfg["model"]["sleep_s"] = 0.05
+    cfg["runner"]["retries"] = 2  # would be 3 attempts per shard if bad input were retried
+    with pytest.raises(Exception) as err:
+        run_infer(tmp_path, cfg)
+    message = str(err.value)
+    assert "item 1 (utt_id='utt00001'): dataset item has no input_key 'x'" in message
+    assert "not retried" in message and "\n" not in message
+    calls = [int(line.split()[1]) for line in read_lines(tmp_path / "forward.log")]
+    assert calls.count(0) == 1  # the failing shard ran once: no retry
+    assert len(calls) < 40  # the run stopped instead of running every shard into the failure
+
+
+def test_input_key_typo_fails_once_before_any_shard(prefect_server, tmp_path):
+    cfg = toy_config(tmp_path, n=12, num_shards=3)
+    with pytest.raises(Exception, match="input_key: 'audio' is not a field of test set 'test_a''s items "
+                                        r"\(item 0 has: text, utt_id, x\)"):
+        run_infer(tmp_path, cfg, overrides=["input_key=audio"])
+    assert read_lines(tmp_path / "forward.log") == []  # no shard ran
+
+
+def test_ctrl_c_keeps_every_finished_shard(tmp_path):
+    cfg = toy_config(tmp_path, n=24, num_shards=8, n_workers=1)
+    cfg["model"]["sleep_s"] = 0.3  # ~0.9 s per shard
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(ESPNET3_PREFECT_HOME=str(tmp_path / "home"))
+    proc = subprocess.Popen([*CLI, "infer", "--config", str(path)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "inference/test_a"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(out.glob("split.*/done"))) < 3 and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "finished shards are kept" in stderr
+    done = sorted(int(p.parent.name.split(".")[1]) for p in out.glob("split.*/done"))
+    assert 3 <= len(done) < 8, done  # interrupted mid-run, every finished shard marked done
+    (tmp_path / "forward.log").unlink()
+    proc = subprocess.run([*CLI, "infer", "--config", str(path)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{8 - len(done)} shards run, {len(done)} cached" in proc.stdout
+    rerun = sorted({int(line.split()[1]) // 3 for line in read_lines(tmp_path / "forward.log")})
+    assert rerun == [i for i in range(8) if i not in done]  # only the unfinished shards ran again
