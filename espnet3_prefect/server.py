@@ -76,10 +76,15 @@ def start_server(home: Path, port: int | None = None, ui: bool = True) -> tuple[
     """Start ``prefect server start`` on 127.0.0.1 and wait until it is healthy."""
     port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
+    # The UI asks GET /ui-settings where its API is. Prefect answers PREFECT_UI_API_URL, whose default
+    # is built from PREFECT_SERVER_API_PORT (4200), not from --port: without this the UI of a server on
+    # any other port is blank, or shows the runs of whichever server holds 4200.
     env = {**os.environ, "PREFECT_HOME": str(home / "prefect_home"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false"}
-    env.pop("PREFECT_API_URL", None)
+           "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
+           "PREFECT_SERVER_UI_API_URL": api_url}
+    for inherited in ("PREFECT_API_URL", "PREFECT_UI_API_URL"):
+        env.pop(inherited, None)
     cmd = [_prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     log.info("starting Prefect server: %s", " ".join(cmd))
     logfile = open(home / "server.log", "ab")
