@@ -57,6 +57,11 @@ def project_folder(start: str | Path | None = None) -> Path:
     return here
 
 
+def default_state_dir(start: str | Path | None = None) -> Path:
+    """``<project>/.e3p/prefect`` for the project of ``start`` (default: the current folder); not created."""
+    return project_folder(start) / DEFAULT_STATE_DIR
+
+
 def state_dir(path: str | Path | None = None) -> Path:
     """Where the embedded server keeps its database, logs and pid (created if missing).
 
@@ -69,7 +74,7 @@ def state_dir(path: str | Path | None = None) -> Path:
     if chosen:
         out = Path(chosen).expanduser().resolve()
     else:
-        out = project_folder() / DEFAULT_STATE_DIR
+        out = default_state_dir()
         _git_ignored(out.parent)
     out.mkdir(parents=True, exist_ok=True)
     return out

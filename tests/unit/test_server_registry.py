@@ -86,6 +86,7 @@ def test_default_state_dir_is_per_project_in_the_git_checkout(tmp_path, monkeypa
     (project_b / "recipes/x").mkdir(parents=True)
     (project_b / ".git").write_text("gitdir: /elsewhere/worktrees/b\n")  # a worktree: .git is a file
     monkeypatch.chdir(project_a)
+    assert server.default_state_dir() == project_a.resolve() / ".e3p/prefect" and not (project_a / ".e3p").exists()
     assert server.state_dir() == project_a.resolve() / ".e3p/prefect"
     monkeypatch.chdir(project_b / "recipes/x")  # run from a recipe folder: still the checkout's
     home_b = server.state_dir()
