@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,8 @@ def deployed(tmp_path_factory):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         assert "ready in" in proc.stdout and "stop:    espnet3-prefect deploy-local --stop" in proc.stdout
         assert state["api_url"].startswith("http://127.0.0.1:") and f"UI:      {state['ui_url']}" in proc.stdout
+        with urllib.request.urlopen(f"{state['ui_url']}/ui-settings", timeout=20) as resp:
+            assert json.load(resp)["api_url"] == state["api_url"]  # the UI talks to this server (was :4200)
         env = {**env, "PREFECT_API_URL": state["api_url"], "PREFECT_HOME": str(home / "client_home")}
         yield {"project": project, "env": env, "state": state, "home": home, "started": started, "base": base}
     finally:
