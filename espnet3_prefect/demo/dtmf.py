@@ -1,7 +1,9 @@
 """Synthetic DTMF "speech recognition" demo: data generator + real torch decoder.
 
 Utterances are sequences of keypad digits rendered as dual-tone (DTMF) bursts
-separated by silences, plus white noise.  :class:`DTMFDecoder` is a small,
+separated by silences, plus white noise; some utterances can carry one
+impairment (a weak tone, two presses merged, crosstalk, a stray key) that a
+correct decoder mishears in a known way.  :class:`DTMFDecoder` is a small,
 fixed-weight torch model (windowed DFT filter bank at the 7 DTMF frequencies,
 per-frame classification, CTC-style run collapsing) that turns audio back into
 the digit string, so inference outputs can be scored against references
@@ -47,7 +49,8 @@ DTMF_FREQS_HZ: dict[str, tuple[float, float]] = {
 # Synthesis
 # --------------------------------------------------------------------------
 def _tone(
-    key: str, n: int, amplitude: float, sample_rate_hz: int, rng: np.random.Generator
+    key: str, n: int, amplitude: float, sample_rate_hz: int, rng: np.random.Generator,
+    high_gain: float = 1.0,
 ) -> np.ndarray:
     """Return ``n`` samples of the dual tone for ``key`` with random phases."""
     t = np.arange(n, dtype=np.float64) / sample_rate_hz
@@ -55,7 +58,56 @@ def _tone(
     phase = rng.uniform(0.0, 2.0 * math.pi, size=2)
     half = amplitude / 2.0
     low_wave = np.sin(2 * math.pi * low * t + phase[0])
-    return half * (low_wave + np.sin(2 * math.pi * high * t + phase[1]))
+    return half * (low_wave + high_gain * np.sin(2 * math.pi * high * t + phase[1]))
+
+
+IMPAIRMENTS = ("weak_high", "merged", "crosstalk", "talk_off")
+"""What can go wrong with one tone of an utterance (the middle one, ``len(digits) // 2``):
+
+- ``weak_high``: its high-group tone arrives 20 dB down (line loss) -> the key is not heard (deletion);
+- ``merged``: it repeats the previous key with no gap in between, as one long press -> one key (deletion);
+- ``crosstalk``: a sinusoid at the neighbouring row's frequency, twice as loud as the key's own low
+  tone, overlaps it -> the neighbouring row's key (substitution);
+- ``talk_off``: a stray key burst sounds in the gap after it -> an extra key (insertion).
+"""
+
+
+def _neighbour_row_key(key: str) -> str:
+    """The key in the same column one row up (down from the top row); always a digit."""
+    row = next(r for r, keys in enumerate(_KEYPAD) if key in keys)
+    other = row - 1 if row > 0 else row + 1
+    return _KEYPAD[other][_KEYPAD[row].index(key)]
+
+
+def _stray_key(digits: str, at: int) -> str:
+    """The key a ``talk_off`` burst after ``digits[at]`` plays: unlike both of its neighbours."""
+    near = {digits[at], digits[at + 1] if at + 1 < len(digits) else ""}
+    return next(k for k in KEYS if k not in near)
+
+
+def heard(digits: str, impairment: str | None = None) -> str:
+    """What a correct decoder hears for ``digits`` rendered with ``impairment`` (see :data:`IMPAIRMENTS`).
+
+    >>> [heard("3771", kind) for kind in IMPAIRMENTS]
+    ['371', '371', '3171', '37171']
+    """
+    if impairment is None:
+        return digits
+    at = _impaired_index(digits, impairment)
+    if impairment in ("weak_high", "merged"):
+        return digits[:at] + digits[at + 1:]
+    if impairment == "crosstalk":
+        return digits[:at] + _neighbour_row_key(digits[at]) + digits[at + 1:]
+    return digits[: at + 1] + _stray_key(digits, at) + digits[at + 1:]
+
+
+def _impaired_index(digits: str, impairment: str) -> int:
+    if impairment not in IMPAIRMENTS:
+        raise ValueError(f"unknown impairment {impairment!r}; valid: {', '.join(IMPAIRMENTS)}")
+    at = len(digits) // 2
+    if len(digits) < 2 or (impairment == "merged" and digits[at] != digits[at - 1]):
+        raise ValueError(f"impairment {impairment!r} needs 2+ digits (merged: a repeated middle key), got {digits!r}")
+    return at
 
 
 def synthesize(
@@ -66,13 +118,16 @@ def synthesize(
     gap_s: float = 0.04,
     noise_db: float = -30.0,
     seed: int,
+    impairment: str | None = None,
 ) -> np.ndarray:
     """Render ``digits`` as DTMF tones separated by silences, plus white noise.
 
     Each tone lasts ``tone_s`` and each gap ``gap_s`` (both jittered by +-20 %),
     the peak amplitude is ~0.5 (jittered by +-20 %), the signal starts and ends
     with a ``gap_s`` silence, and white noise with RMS ``noise_db`` dB re full
-    scale is added (``float("-inf")`` disables it).  Same args -> same output.
+    scale is added (``float("-inf")`` disables it).  ``impairment`` (one of
+    :data:`IMPAIRMENTS`) spoils the middle tone so that a correct decoder hears
+    :func:`heard` instead of ``digits``.  Same args -> same output.
 
     >>> x = synthesize("77", seed=1)
     >>> x.dtype, bool(np.abs(x).max() <= 1.0)
@@ -83,14 +138,32 @@ def synthesize(
         raise ValueError(f"synthesize: unsupported symbols {bad!r}; allowed: {KEYS!r}")
     if sample_rate_hz <= 2 * max(HIGH_FREQS_HZ):
         raise ValueError(f"sample_rate_hz={sample_rate_hz} too low for DTMF tones")
+    at = _impaired_index(digits, impairment) if impairment else -1
     rng = np.random.default_rng(seed)
     edge = np.zeros(int(round(gap_s * sample_rate_hz)))
     parts = [edge]
     for i, key in enumerate(digits):
         if i:
-            parts.append(np.zeros(int(round(gap_s * rng.uniform(0.8, 1.2) * sample_rate_hz))))
+            gap = np.zeros(int(round(gap_s * rng.uniform(0.8, 1.2) * sample_rate_hz)))
+            if not (i == at and impairment == "merged"):
+                parts.append(gap)
         n = int(round(tone_s * rng.uniform(0.8, 1.2) * sample_rate_hz))
-        parts.append(_tone(key, n, 0.5 * rng.uniform(0.8, 1.2), sample_rate_hz, rng))
+        amplitude = 0.5 * rng.uniform(0.8, 1.2)
+        if i != at:
+            parts.append(_tone(key, n, amplitude, sample_rate_hz, rng))
+        elif impairment == "weak_high":
+            parts.append(_tone(key, n, amplitude, sample_rate_hz, rng, high_gain=0.1))
+        elif impairment == "merged":  # one press as long as two: the previous tone, held on
+            parts[-1] = _tone(key, parts[-1].shape[0] + n, amplitude, sample_rate_hz, rng)
+        elif impairment == "crosstalk":
+            tone = _tone(key, n, amplitude, sample_rate_hz, rng)
+            other_low = DTMF_FREQS_HZ[_neighbour_row_key(key)][0]
+            t = np.arange(n, dtype=np.float64) / sample_rate_hz
+            parts.append(tone + amplitude * np.sin(2 * math.pi * other_low * t + rng.uniform(0.0, 2.0 * math.pi)))
+        else:  # talk_off: half a gap, a short stray key, the rest of the gap comes before the next key
+            parts.append(_tone(key, n, amplitude, sample_rate_hz, rng))
+            parts.append(np.zeros(int(round(gap_s * sample_rate_hz))))
+            parts.append(_tone(_stray_key(digits, at), int(round(0.06 * sample_rate_hz)), 0.4, sample_rate_hz, rng))
     parts.append(edge)
     signal = np.concatenate(parts)
     signal += 10.0 ** (noise_db / 20.0) * rng.standard_normal(signal.shape[0])
@@ -163,12 +236,18 @@ def make_corpus(
     max_digits: int = 8,
     sample_rate_hz: int = 8000,
     noise_db: float = -30.0,
+    impair_every: int = 0,
 ) -> Path:
     """Write a Kaldi-style corpus: ``wav/<utt>.wav``, ``wav.scp`` and ``text``.
 
     ``wav.scp`` paths are relative to ``out_dir`` (``wav/dtmf_000000.wav``) so
     the same arguments give byte-identical files in any directory; use
     :func:`read_corpus` to resolve them.  Every file is written atomically.
+
+    With ``impair_every=N``, utterance ``i`` with ``i % N == N // 2`` gets one of
+    :data:`IMPAIRMENTS` (in turn), so a correct decoder makes exactly one
+    error on it (:func:`heard`); they are listed in ``impairments``
+    (``<utt_id> <kind> <what is heard>``).  ``text`` is always what was dialled.
 
     >>> import tempfile, pathlib
     >>> d = make_corpus(pathlib.Path(tempfile.mkdtemp()), 2)
@@ -179,17 +258,27 @@ def make_corpus(
         raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
     out_dir = Path(out_dir)
     rng = np.random.default_rng(seed)
-    scp_lines, text_lines = [], []
+    scp_lines, text_lines, impaired_lines = [], [], []
     for i in range(n_utts):
         utt_id = f"dtmf_{i:06d}"
         n_digits = int(rng.integers(min_digits, max_digits + 1))
         digits = "".join(KEYS[int(k)] for k in rng.integers(0, len(KEYS), size=n_digits))
         utt_seed = int(rng.integers(0, 2**31 - 1))
-        audio = synthesize(digits, sample_rate_hz=sample_rate_hz, noise_db=noise_db, seed=utt_seed)
+        impairment = None
+        if impair_every > 0 and i % impair_every == impair_every // 2 and len(digits) >= 2:
+            impairment = IMPAIRMENTS[(i // impair_every) % len(IMPAIRMENTS)]
+            if impairment == "merged":
+                at = len(digits) // 2
+                digits = digits[:at] + digits[at - 1] + digits[at + 1:]
+            impaired_lines.append(f"{utt_id} {impairment} {heard(digits, impairment)}\n")
+        audio = synthesize(digits, sample_rate_hz=sample_rate_hz, noise_db=noise_db, seed=utt_seed,
+                           impairment=impairment)
         rel = f"wav/{utt_id}.wav"
         write_wav(out_dir / rel, audio, sample_rate_hz)
         scp_lines.append(f"{utt_id} {rel}\n")
         text_lines.append(f"{utt_id} {digits}\n")
+    if impaired_lines:
+        _atomic_write_bytes(out_dir / "impairments", "".join(impaired_lines).encode())
     _atomic_write_bytes(out_dir / "wav.scp", "".join(sorted(scp_lines)).encode())
     _atomic_write_bytes(out_dir / "text", "".join(sorted(text_lines)).encode())
     return out_dir

@@ -7,13 +7,44 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from .dtmf import DTMFDecoder, collate, make_corpus, read_corpus, read_wav
 
-# test set name -> (utterances, noise level dB, seed)
-DEMO_TEST_SETS = {"test_clean": (300, -35.0, 1), "test_noisy": (200, -22.0, 2)}
+# test set name -> make_corpus arguments. test_noisy: louder noise, and every 25th utterance has one
+# impaired tone (8 of 200: 2 each of weak tone, merged presses, crosstalk, stray key), so the demo
+# model makes 8 real, deterministic errors there (WER 4.00 %) and none on test_clean.
+DEMO_TEST_SETS = {
+    "test_clean": {"n_utts": 300, "noise_db": -35.0, "seed": 1},
+    "test_noisy": {"n_utts": 200, "noise_db": -22.0, "seed": 2, "impair_every": 25},
+}
+GENERATOR_VERSION = 2  # bump when the same arguments would give other audio or text
+SPEC_FILE = "corpus.json"
+
+
+def _stored_spec(out: Path) -> dict | None:
+    """The spec a complete test set in ``out`` was made with; None for none, a half-written or an older one."""
+    try:
+        spec = json.loads((out / SPEC_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return spec if (out / "text").is_file() and spec.get("generator") == GENERATOR_VERSION else None
+
+
+def _make(out: Path, spec: dict, *, any_size: bool = False) -> bool:
+    """Generate one demo test set unless ``out`` holds ``spec``'s (with ``any_size``: any ``n_utts``
+    of this generator); data of an older generator is made again. True when it generated."""
+    wanted = {**spec, "generator": GENERATOR_VERSION}
+    stored = _stored_spec(out)
+    if stored is not None and (stored == wanted or (any_size and {**stored, "n_utts": 0} == {**wanted, "n_utts": 0})):
+        return False
+    (out / SPEC_FILE).unlink(missing_ok=True)
+    (out / "impairments").unlink(missing_ok=True)
+    make_corpus(out, **spec)
+    (out / SPEC_FILE).write_text(json.dumps(wanted, sort_keys=True) + "\n")
+    return True
 
 
 class DTMFDataset:
@@ -29,10 +60,12 @@ class DTMFDataset:
         return len(self.entries)
 
     def fingerprint(self) -> str:
-        """Changes when the corpus lists change, so regenerated data redoes finished shards."""
+        """Changes when the corpus lists or the generator's spec change, so regenerated data redoes
+        finished shards (also when only the audio changed)."""
         sha = hashlib.sha256()
-        for name in ("wav.scp", "text"):
-            sha.update((self.data_dir / name).read_bytes())
+        for name in ("wav.scp", "text", SPEC_FILE):
+            if name != SPEC_FILE or (self.data_dir / name).is_file():
+                sha.update((self.data_dir / name).read_bytes())
         return sha.hexdigest()
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
@@ -57,11 +90,8 @@ class DTMFOrganizer:
         made = []
         for entry in test:
             spec = DEMO_TEST_SETS.get(entry.get("name"))
-            out = Path(entry.get("data_dir", ""))
-            if spec is not None and entry.get("data_dir") and not (out / "text").is_file():
-                n_utts, noise_db, seed = spec
-                make_corpus(out, n_utts, seed=seed, noise_db=noise_db)
-                made.append(out)
+            if spec is not None and entry.get("data_dir") and _make(Path(entry["data_dir"]), spec, any_size=True):
+                made.append(Path(entry["data_dir"]))
         return made
 
 
@@ -93,10 +123,9 @@ def output_fn(data: Any, model_output: Any, idx: Any) -> Any:
 def prepare(data_root: str | Path, scale: float = 1.0) -> list[Path]:
     """Generate the demo test sets under ``data_root`` (skipped where already complete)."""
     made = []
-    for name, (n_utts, noise_db, seed) in DEMO_TEST_SETS.items():
+    for name, spec in DEMO_TEST_SETS.items():
         out = Path(data_root) / name
-        if not (out / "text").is_file():
-            make_corpus(out, max(1, int(n_utts * scale)), seed=seed, noise_db=noise_db)
+        _make(out, {**spec, "n_utts": max(1, int(spec["n_utts"] * scale))})
         made.append(out)
     return made
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,8 @@ def deployed(tmp_path_factory):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         assert "ready in" in proc.stdout and "stop:    espnet3-prefect deploy-local --stop" in proc.stdout
         assert state["api_url"].startswith("http://127.0.0.1:") and f"UI:      {state['ui_url']}" in proc.stdout
+        with urllib.request.urlopen(f"{state['ui_url']}/ui-settings", timeout=20) as resp:
+            assert json.load(resp)["api_url"] == state["api_url"]  # the UI talks to this server (was :4200)
         env = {**env, "PREFECT_API_URL": state["api_url"], "PREFECT_HOME": str(home / "client_home")}
         yield {"project": project, "env": env, "state": state, "home": home, "started": started, "base": base}
     finally:
@@ -92,21 +95,25 @@ def test_infer_local_then_evaluate_local_on_the_demo(deployed):
     assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
     print(f"\ndeploy-local -> finished infer/local run (fresh project, demo data generated): {seconds:.1f} s")
     out = d["project"] / "exp/dtmf/inference"
-    for test_set, n in (("test_clean", 300), ("test_noisy", 200)):
+    for test_set, n, errors in (("test_clean", 300, 0), ("test_noisy", 200, 8)):
         hyp = (out / test_set / "hyp.scp").read_text().splitlines()
         ref = (out / test_set / "ref.scp").read_text().splitlines()
-        assert len(hyp) == n and hyp == ref  # the DTMF demo decodes every utterance correctly
+        assert len(hyp) == len(ref) == n
+        assert sum(h != r for h, r in zip(hyp, ref)) == errors  # test_noisy: its 8 impaired utterances
 
     run = deployment_run(d, "evaluate/local")
     assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
     scores = json.loads((out / "metrics.json").read_text())
     assert list(scores) == [WER_T, CER_T]
-    for test_set, words in (("test_clean", 300), ("test_noisy", 200)):
-        assert scores[WER_T][test_set]["WER"] == 0.0 and scores[WER_T][test_set]["WER_ref_len"] == words
-        assert scores[CER_T][test_set]["CER"] == 0.0 and scores[CER_T][test_set]["CER_errors"] == 0
+    for test_set, words, errors in (("test_clean", 300, 0), ("test_noisy", 200, 8)):
+        assert scores[WER_T][test_set]["WER"] == round(100 * errors / words, 2)
+        assert scores[WER_T][test_set]["WER_ref_len"] == words and scores[WER_T][test_set]["WER_errors"] == errors
+        assert scores[CER_T][test_set]["CER_errors"] == errors  # one digit each
+    noisy = scores[CER_T]["test_noisy"]  # weak tone + merged presses: 4 del, crosstalk: 2 sub, stray key: 2 ins
+    assert (noisy["CER_del"], noisy["CER_sub"], noisy["CER_ins"]) == (4, 2, 2)
     [record] = [json.loads(x) for x in (out / "evaluate_history.jsonl").read_text().splitlines()]
     assert record["shards_run"] == 0 and record["shards_cached"] == 64  # infer/local's shards, reused
-    assert record["model"]["kind"] == "config" and record["headline"]["WER"] == {"test_clean": 0.0, "test_noisy": 0.0}
+    assert record["model"]["kind"] == "config" and record["headline"]["WER"] == {"test_clean": 0.0, "test_noisy": 4.0}
     assert (out / "evaluate_history.png").read_bytes()[:4] == b"\x89PNG"
 
 

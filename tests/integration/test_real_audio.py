@@ -16,8 +16,8 @@ def run_infer(cfg_path, overrides):
     return infer(config=[str(cfg_path)], overrides=overrides)
 
 
-def test_dtmf_demo_decodes_every_utterance_and_matches_across_workers_and_batches(prefect_server, tmp_path):
-    prepare(tmp_path / "data", scale=0.1)  # 30 clean + 20 noisy utterances
+def test_dtmf_demo_errs_only_where_impaired_and_matches_across_workers_and_batches(prefect_server, tmp_path):
+    prepare(tmp_path / "data", scale=0.1)  # 30 clean + 20 noisy utterances, 1 of them impaired
     conf = ROOT / "recipes/dtmf/conf/inference.yaml"
     outs = []
     for i, extra in enumerate([["parallel.n_workers=1", "batch_size=null", "+parallel.num_shards=1"],
@@ -26,9 +26,13 @@ def test_dtmf_demo_decodes_every_utterance_and_matches_across_workers_and_batche
         outs.append({t: (tmp_path / f"inf{i}/{t}/hyp.scp").read_bytes() for t in ("test_clean", "test_noisy")})
     assert outs[0] == outs[1]
     for test_set in ("test_clean", "test_noisy"):
-        hyp = (tmp_path / f"inf1/{test_set}/hyp.scp").read_text().splitlines()
-        ref = (tmp_path / f"inf1/{test_set}/ref.scp").read_text().splitlines()
-        assert len(hyp) == len(ref) > 0 and hyp == ref
+        hyp = dict(line.split(" ", 1) for line in (tmp_path / f"inf1/{test_set}/hyp.scp").read_text().splitlines())
+        ref = dict(line.split(" ", 1) for line in (tmp_path / f"inf1/{test_set}/ref.scp").read_text().splitlines())
+        impaired = tmp_path / "data" / test_set / "impairments"
+        said = {u: h for u, _, h in (x.split() for x in impaired.read_text().splitlines())} if impaired.exists() else {}
+        assert len(hyp) == len(ref) > 0 and list(hyp) == list(ref)
+        assert {u: h for u, h in hyp.items() if h != ref[u]} == said  # the impaired utterance, as designed
+    assert len(said) == 1  # test_noisy at scale 0.1
 
 
 def test_fsdd_recordings_through_a_torch_model_identical_for_any_workers(prefect_server, tmp_path, fsdd_dir):

@@ -12,10 +12,12 @@ import torch
 
 from espnet3_prefect.demo.dtmf import (
     DTMF_FREQS_HZ,
+    IMPAIRMENTS,
     KEYS,
     DTMFDecoder,
     collapse,
     collate,
+    heard,
     make_corpus,
     read_corpus,
     read_wav,
@@ -210,3 +212,87 @@ def test_batch_timing_cpu(decoder: DTMFDecoder) -> None:
     per_item_ms = (time.perf_counter() - start) / reps / len(waves) * 1e3
     print(f"\nDTMFDecoder CPU: {per_item_ms:.3f} ms/item (batch of 32, "
           f"{lengths.float().mean().item() / 8000:.2f} s audio/item)")
+
+
+# -- impairments: the demo's test_noisy makes a few real, known errors ---------------------------
+
+@pytest.mark.parametrize("kind", IMPAIRMENTS)
+def test_each_impairment_is_misheard_exactly_as_heard_says(decoder: DTMFDecoder, kind: str) -> None:
+    rng = np.random.default_rng(21)
+    cases, waves = [], []
+    for seed in range(40):
+        digits = _random_digits(rng, 2, 8)
+        if kind == "merged":
+            at = len(digits) // 2
+            digits = digits[:at] + digits[at - 1] + digits[at + 1:]
+        assert heard(digits, kind) != digits and abs(len(heard(digits, kind)) - len(digits)) <= 1
+        for noise_db in (-35.0, -22.0):
+            cases.append((digits, seed, noise_db))
+            waves.append(synthesize(digits, noise_db=noise_db, seed=seed, impairment=kind))
+    hyps = decoder(*collate(waves))
+    wrong = [(case, hyp) for case, hyp in zip(cases, hyps) if hyp != heard(case[0], kind)]
+    assert not wrong, wrong[:5]
+
+
+def test_impairment_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="unknown impairment 'loud'"):
+        synthesize("123", seed=0, impairment="loud")
+    with pytest.raises(ValueError, match="repeated middle key"):
+        synthesize("123", seed=0, impairment="merged")
+    with pytest.raises(ValueError, match="2\\+ digits"):
+        heard("7", "weak_high")
+    assert heard("1234", None) == "1234"
+
+
+def test_corpus_with_impairments_lists_them_and_decodes_to_them(tmp_path: Path, decoder: DTMFDecoder) -> None:
+    out = make_corpus(tmp_path / "n", 60, seed=4, noise_db=-22.0, impair_every=10)
+    listed = [line.split() for line in (out / "impairments").read_text().splitlines()]
+    assert [u for u, _, _ in listed] == [f"dtmf_{i:06d}" for i in (5, 15, 25, 35, 45, 55)]
+    assert [k for _, k, _ in listed] == [*IMPAIRMENTS, *IMPAIRMENTS[:2]]
+    corpus = read_corpus(out)
+    hyps = decoder(*collate([read_wav(path)[0] for _, path, _ in corpus]))
+    wrong = {u: h for (u, _, ref), h in zip(corpus, hyps) if h != ref}
+    assert wrong == {u: said for u, _, said in listed}
+    plain = make_corpus(tmp_path / "p", 60, seed=4, noise_db=-22.0)
+    assert not (plain / "impairments").exists()
+    same = [(u, t) for (u, _, t) in read_corpus(plain)]
+    assert [x for i, x in enumerate(same) if i % 10 != 5] == [
+        (u, t) for i, (u, _, t) in enumerate(corpus) if i % 10 != 5]  # only the impaired ones differ
+    for i, (_, path, _) in enumerate(read_corpus(plain)):  # the audio too, byte for byte
+        assert (path.read_bytes() == (out / "wav" / path.name).read_bytes()) == (i % 10 != 5), path.name
+
+
+def test_demo_test_sets_clean_has_no_error_noisy_has_eight(tmp_path: Path, decoder: DTMFDecoder) -> None:
+    from espnet3_prefect.demo.recipe import DEMO_TEST_SETS, prepare
+
+    t0 = time.perf_counter()
+    clean, noisy = prepare(tmp_path / "data")
+    generate_s = time.perf_counter() - t0
+    errors = {}
+    for folder in (clean, noisy):
+        corpus = read_corpus(folder)
+        hyps: list[str] = []
+        for i in range(0, len(corpus), 50):
+            hyps += decoder(*collate([read_wav(path)[0] for _, path, _ in corpus[i:i + 50]]))
+        errors[folder.name] = {u: (ref, h) for (u, _, ref), h in zip(corpus, hyps) if h != ref}
+    assert len(read_corpus(noisy)) == DEMO_TEST_SETS["test_noisy"]["n_utts"] == 200
+    assert errors["test_clean"] == {}
+    assert len(errors["test_noisy"]) == 8  # WER 4.00 % on test_noisy: every one a single-digit edit
+    kinds = [line.split()[1] for line in (noisy / "impairments").read_text().splitlines()]
+    assert sorted(kinds) == sorted(IMPAIRMENTS * 2)
+    print(f"\ndemo data: 500 utterances generated in {generate_s:.1f} s")
+
+
+def test_prepare_regenerates_older_data_and_the_flow_hook_keeps_any_size(tmp_path: Path) -> None:
+    from espnet3_prefect.demo.recipe import DTMFDataset, DTMFOrganizer, prepare
+
+    old = make_corpus(tmp_path / "data/test_noisy", 5, seed=2, noise_db=-22.0)  # data from before the spec file
+    fingerprint = DTMFDataset(old).fingerprint()
+    entry = [{"name": "test_noisy", "data_dir": str(old)}]
+    assert DTMFOrganizer.ensure_prepared(entry) == [old]  # older generator: made again, full size
+    assert len(read_corpus(old)) == 200 and (old / "impairments").is_file()
+    assert DTMFDataset(old).fingerprint() != fingerprint  # so finished shards of the old data re-run
+    prepare(tmp_path / "data", scale=0.1)
+    assert len(read_corpus(old)) == 20
+    assert DTMFOrganizer.ensure_prepared(entry) == []  # the flow's hook keeps the chosen scale
+    assert len(read_corpus(old)) == 20

@@ -1,0 +1,97 @@
+"""The flow-run link the CLI prints, opened in a real headless Chromium.
+
+`espnet3-prefect infer --keep-server` on the toy recipe (embedded server: free port, UI on), then the
+"View at http://127.0.0.1:<port>/runs/flow-run/<id>" URL from its output is opened and the page must
+show the run: its logs, its task runs (run-shard-N) and the summary artifact, and never "Can't connect
+to Server API". On failure a screenshot, the page text and its HTML go to test-artifacts/browser/
+($E3P_TEST_ARTIFACTS). Skipped without Chromium unless E3P_REQUIRE_BROWSER=1 (CI sets it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import toy_config, write_yaml
+from tests.helpers.browser import Browser, find_chromium
+from tests.helpers.procs import CLI, ROOT, cli_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+ARTIFACTS = Path(os.environ.get("E3P_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "browser"
+
+
+@pytest.fixture
+def chromium() -> str:
+    found = find_chromium()
+    if found is None:
+        message = "Chromium not installed (apt-get install chromium)"
+        if os.environ.get("E3P_REQUIRE_BROWSER") == "1":
+            pytest.fail(message + "; E3P_REQUIRE_BROWSER=1")
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture
+def kept_servers(tmp_path, monkeypatch):
+    """The servers the CLI leaves running are recorded in a registry of this test's own; stopped after."""
+    from espnet3_prefect.server import list_servers, stop_servers
+
+    monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
+    yield list_servers
+    outcome = stop_servers("all", force=True)
+    assert outcome.busy == [] and list_servers() == []
+
+
+def test_flow_run_link_printed_by_the_cli_shows_the_run_in_chromium(tmp_path, chromium, kept_servers, request):
+    cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, n_workers=1, num_shards=2))
+    env = {**cli_env(tmp_path / "home"), "ESPNET3_PREFECT_REGISTRY": os.environ["ESPNET3_PREFECT_REGISTRY"]}
+    started = time.monotonic()
+    proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "--keep-server"], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    links = re.findall(r"View at (http://127\.0\.0\.1:\d+/runs/flow-run/[0-9a-f-]{36})", proc.stdout + proc.stderr)
+    assert links, "the CLI printed no flow-run link:\n" + proc.stderr[-3000:]
+    url = links[0]
+    [server] = kept_servers()
+    assert url.startswith(server.ui_url + "/")
+    with urllib.request.urlopen(f"{server.ui_url}/ui-settings", timeout=20) as resp:
+        assert json.load(resp)["api_url"] == server.api_url  # the UI asks this server, no other
+    cli_s = time.monotonic() - started
+
+    browser_started = time.monotonic()
+    with Browser(chromium) as page:
+        try:
+            page.goto(url)
+            # The run's header and its Logs tab (open by default): the flow's own log lines.
+            text = page.wait_for_text("Completed", "Task Runs", "Artifacts", "Beginning flow run",
+                                      "split.0: 4 items", "merged 2 shards", "summary:", timeout_s=90)
+            assert "Can't connect" not in text and "No flow runs" not in text
+            assert page.click_text("Task Runs")
+            page.wait_for_text("run-shard-0", "run-shard-1", "write-done-marker-0", "merge-test_a", timeout_s=60)
+            assert page.click_text("Artifacts")
+            page.wait_for_text("infer-summary", "infer: per test set shards, items, seconds, items/s", timeout_s=60)
+            assert page.click_text("infer-summary")  # the table itself, on the artifact's page
+            page.wait_for_text("items_per_s", "shards_run", "test_a", timeout_s=60)
+        except BaseException:
+            keep_evidence(page, request.node.name)
+            raise
+    print(f"\nCLI run {cli_s:.1f} s; Chromium start + 4 pages {time.monotonic() - browser_started:.1f} s")
+
+
+def keep_evidence(page: Browser, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for what, save in (("png", lambda p: page.screenshot(p)),
+                       ("txt", lambda p: p.write_text(page.text())),
+                       ("html", lambda p: p.write_text(page.evaluate("document.documentElement.outerHTML") or ""))):
+        try:
+            save(ARTIFACTS / f"{name}.{what}")
+        except Exception as exc:  # the evidence must never hide the failure
+            print(f"could not save the {what}: {exc}")
+    print(f"browser evidence: {ARTIFACTS}/{name}.{{png,txt,html}}")
