@@ -2,7 +2,7 @@
 
 `espnet3-prefect infer --keep-server` on the toy recipe (embedded server: free port, UI on), then the
 "View at http://127.0.0.1:<port>/runs/flow-run/<id>" URL from its output is opened and the page must
-show the run: its logs, its task runs (run-shard-N) and the summary artifact, and never "Can't connect
+show the run: its logs, its task runs (run-shard-<test>-N) and the summary artifact, and never "Can't connect
 to Server API". On failure a screenshot, the page text and its HTML go to test-artifacts/browser/
 ($E3P_TEST_ARTIFACTS). Skipped without Chromium unless E3P_REQUIRE_BROWSER=1 (CI sets it).
 """
@@ -74,7 +74,7 @@ def test_flow_run_link_printed_by_the_cli_shows_the_run_in_chromium(tmp_path, ch
                                       "split.0: 4 items", "merged 2 shards", "summary:", timeout_s=90)
             assert "Can't connect" not in text and "No flow runs" not in text
             assert page.click_text("Task Runs")
-            page.wait_for_text("run-shard-0", "run-shard-1", "write-done-marker-0", "merge-test_a", timeout_s=60)
+            page.wait_for_text("run-shard-test_a-0", "run-shard-test_a-1", "merge-test_a", timeout_s=60)
             assert page.click_text("Artifacts")
             page.wait_for_text("infer-summary", "infer: per test set shards, items, seconds, items/s", timeout_s=60)
             assert page.click_text("infer-summary")  # the table itself, on the artifact's page
