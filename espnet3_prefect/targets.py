@@ -20,8 +20,8 @@ ESPNET3_ALIASES = {
     "espnet3.systems.base.inference_provider.InferenceProvider": "espnet3_prefect.provider.InferenceProvider",
     "espnet3.parallel.base_runner.BaseRunner": "espnet3_prefect.runner.BaseRunner",
     "espnet3.systems.base.inference_runner.InferenceRunner": "espnet3_prefect.runner.InferenceRunner",
-    "espnet3.systems.asr.metrics.wer.WER": "espnet3_prefect.metrics.WER",
-    "espnet3.systems.asr.metrics.cer.CER": "espnet3_prefect.metrics.CER",
+    "espnet3.systems.esp2_asr.metrics.wer.WER": "espnet3_prefect.metrics.WER",
+    "espnet3.systems.esp2_asr.metrics.cer.CER": "espnet3_prefect.metrics.CER",
 }
 
 
