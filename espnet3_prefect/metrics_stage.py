@@ -283,6 +283,9 @@ def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = No
     uses_dataset = [s for s in specs if s.columns()]
     if uses_dataset and inference_config is not None:
         provider_class(inference_config)
+        # imported here, on the caller's thread: ESPnet3's writer pulls in dask_jobqueue, whose
+        # import installs a signal handler and fails in the worker threads tasks run in
+        _materializer()
     for spec in uses_dataset:
         name = next(n for n, src in spec.bindings.items() if src.startswith(DATASET_PREFIX))
         missing = [t for t in test_sets if not source_path(inference_dir, t, spec.bindings[name]).is_file()]

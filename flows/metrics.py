@@ -13,7 +13,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from prefect import flow, get_run_logger
-from prefect.exceptions import UpstreamTaskError
 
 from espnet3_prefect.atomic import atomic_write_text
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
@@ -52,7 +51,7 @@ def metrics(config: list[str] | str | dict, overrides: list[str] | None = None, 
     columns = {(test_set, column): dataset_column.submit(plain_icfg, plan.inference_dir, test_set, column,
                                                          plan.dataset_artifacts.get(column))
                for test_set, column in plan.dataset_columns()}
-    futures = {}
+    futures, waits = {}, {}
     for spec in plan.metrics:
         instances = _instances(spec, len(plan.test_sets))
         previous = None
@@ -63,21 +62,22 @@ def metrics(config: list[str] | str | dict, overrides: list[str] | None = None, 
             metric = spec.metric if instances is None else instances[j]
             previous = futures[(spec.key, test_set)] = score.submit(spec, test_set, plan.inference_dir, metric,
                                                                     wait_for=wait)
-    failures = []
+            waits[(spec.key, test_set)] = wait
+    failures, failed = [], set()
     for (test_set, column), future in columns.items():
         try:
             future.result()
         except Exception as exc:
+            failed.add(id(future))
             failures.append(f"dataset:{column} of {test_set}: {one_line(exc)}")
     results: dict[str, dict[str, Any]] = {spec.key: {} for spec in plan.metrics}
     for (key, test_set), future in futures.items():
         try:
             results[key][test_set] = future.result()
-        except UpstreamTaskError:
-            if not failures:
-                failures.append(f"{key} on {test_set}: an input it waited for failed")
         except Exception as exc:
-            failures.append(f"{key} on {test_set}: {one_line(exc)}")
+            failed.add(id(future))
+            if not any(id(w) in failed for w in waits[(key, test_set)]):  # else its input's failure says why
+                failures.append(f"{key} on {test_set}: {one_line(exc)}")
     if failures:
         raise Espnet3PrefectError(f"{len(failures)} metric(s) failed: " + "; ".join(failures[:5]))
     atomic_write_text(plan.output, metrics_json(results))
