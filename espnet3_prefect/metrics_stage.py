@@ -23,6 +23,7 @@ omitted when it has ``ref_key``/``hyp_key`` attributes.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
@@ -93,6 +94,12 @@ class MetricsPlan:
                 for column in spec.columns():
                     seen.setdefault((test_set, column), None)
         return list(seen)
+
+
+def metrics_json(results: dict) -> str:
+    """metrics.json's text, byte for byte what ESPnet3's ``measure()`` writes (``json.dump(results, f,
+    indent=2, ensure_ascii=False)``: no final newline)."""
+    return json.dumps(results, indent=2, ensure_ascii=False)
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -286,13 +293,15 @@ def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = No
         # imported here, on the caller's thread: ESPnet3's writer pulls in dask_jobqueue, whose
         # import installs a signal handler and fails in the worker threads tasks run in
         _materializer()
-    for spec in uses_dataset:
-        name = next(n for n, src in spec.bindings.items() if src.startswith(DATASET_PREFIX))
-        missing = [t for t in test_sets if not source_path(inference_dir, t, spec.bindings[name]).is_file()]
-        if inference_config is None and (missing or not check_inputs):
-            raise ConfigError(f"metrics[{spec.index}].inputs.{name}: {spec.bindings[name]!r} needs the inference "
-                              "config (the test set definition): pass --inference-config (flow parameter "
-                              "inference_config)")
+    for spec in uses_dataset if inference_config is None else ():
+        for name, source in spec.bindings.items():
+            if not source.startswith(DATASET_PREFIX):
+                continue
+            written = check_inputs and all(source_path(inference_dir, t, source).is_file() for t in test_sets)
+            if not written:  # a column written by an earlier run is reused without the config
+                raise ConfigError(f"metrics[{spec.index}].inputs.{name}: {source!r} needs the inference config "
+                                  "(the test set definition): pass --inference-config (flow parameter "
+                                  "inference_config)")
     if check_inputs:
         for test_set in test_sets:
             for spec in specs:
@@ -382,4 +391,4 @@ def dataset_column_scp(inference_config: DictConfig | dict | None, inference_dir
 
 
 __all__ = ["METRICS_FILE", "MetricSpec", "MetricsPlan", "dataset_column_scp", "load_any", "load_inference_config",
-           "prepare_metrics", "provider_class", "source_path"]
+           "metrics_json", "prepare_metrics", "provider_class", "source_path"]

@@ -8,7 +8,6 @@ metric and test set, streamed) -> metrics.json (ESPnet3 202611's bytes, atomic) 
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,14 +15,10 @@ from prefect import flow, get_run_logger
 
 from espnet3_prefect.atomic import atomic_write_text
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
-from espnet3_prefect.metrics_stage import MetricSpec, MetricsPlan, load_any, load_inference_config, prepare_metrics
+from espnet3_prefect.metrics_stage import (MetricSpec, MetricsPlan, load_any, load_inference_config, metrics_json,
+                                           prepare_metrics)
 from espnet3_prefect.rundir import as_list, enter_workdir
 from espnet3_prefect.tasks.score import dataset_column, score
-
-
-def metrics_json(results: dict[str, dict[str, Any]]) -> str:
-    """metrics.json's text, byte for byte what ESPnet3's ``measure()`` writes (no final newline)."""
-    return json.dumps(results, indent=2, ensure_ascii=False)
 
 
 @flow(name="metrics", log_prints=True, validate_parameters=True)

@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from espnet3_prefect.errors import BadInputError, ConfigError
 from espnet3_prefect.metrics import (CER, WER, BaseMetric, Field, MetricContractError, MetricDeclarationError,
                                      TextCleaner, check_metric_output)
-from espnet3_prefect.metrics_stage import dataset_column_scp, load_inference_config, prepare_metrics, source_path
+from espnet3_prefect.metrics_stage import (dataset_column_scp, load_inference_config, metrics_json, prepare_metrics,
+                                           source_path)
 from espnet3_prefect.scp import ScpField, count_aligned, iter_scp
 from espnet3_prefect.targets import _espnet3_installed, locate
 from tests.helpers.metrics_recipes import ColumnOrganizer
@@ -430,6 +431,8 @@ def test_dataset_inputs_need_the_inference_config_and_are_planned_once(tmp_path)
     assert plan.dataset_columns() == [("dev", "text"), ("dev", "n")]
     assert plan.dataset_artifacts == {"speech": {"type": "wav", "sample_rate": 8000}}
     dataset_column_scp(plan.inference_config, out, "dev", "text")
+    with pytest.raises(ConfigError, match=r"metrics\[2\].inputs.ref: 'dataset:n' needs the inference config"):
+        prepare_metrics(OmegaConf.merge(cfg, {"inference_dir": str(out)}))  # text.scp is there, n.scp not yet
     dataset_column_scp(plan.inference_config, out, "dev", "n")
     assert prepare_metrics(OmegaConf.merge(cfg, {"inference_dir": str(out)})).test_sets == ["dev"]  # files exist now
     bad = _icfg(tmp_path)
@@ -450,8 +453,6 @@ def test_inference_config_from_files_or_a_mapping(tmp_path):
 
 
 def test_metrics_json_is_upstreams_bytes():
-    from espnet3_prefect.flows.metrics import metrics_json
-
     text = metrics_json({WER_T: {"tëst": {"WER": 1.5}}})
     assert text == json.dumps({WER_T: {"tëst": {"WER": 1.5}}}, indent=2, ensure_ascii=False)
     assert "tëst" in text and not text.endswith("\n")
