@@ -177,6 +177,29 @@ def _load(path: str, overrides: list[str]):
     return cfg
 
 
+def espnet3_prefect_file() -> str:
+    import espnet3_prefect
+
+    return espnet3_prefect.__file__
+
+
+def _this_checkouts_flows(root: Path) -> None:
+    """Map ``espnet3_prefect.flows``/``.tasks`` to this checkout's folders (an editable install of
+    another checkout would otherwise serve them: they live outside the package folder)."""
+    import importlib.util
+
+    import espnet3_prefect
+
+    for name in ("flows", "tasks"):
+        full = f"espnet3_prefect.{name}"
+        spec = importlib.util.spec_from_file_location(full, root / name / "__init__.py",
+                                                      submodule_search_locations=[str(root / name)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[full] = module
+        spec.loader.exec_module(module)
+        setattr(espnet3_prefect, name, module)
+
+
 def main(argv: list[str]) -> int:
     mode, metrics_path, *rest = argv
     inference_path = None
@@ -193,10 +216,11 @@ def main(argv: list[str]) -> int:
         measure(_load(metrics_path, rest), inference_config=_load(inference_path, []) if inference_path else None)
         return 0
     if mode == "ours":
-        import espnet3_prefect
-        from espnet3_prefect.flows.metrics import metrics
+        _this_checkouts_flows(Path(root))
+        import espnet3_prefect.flows.metrics as flow_module
 
-        print(f"espnet3_prefect from {espnet3_prefect.__file__}", file=sys.stderr)
+        print(f"espnet3_prefect from {espnet3_prefect_file()}, flow from {flow_module.__file__}", file=sys.stderr)
+        metrics = flow_module.metrics
         metrics(config=[metrics_path], overrides=rest, inference_config=[inference_path] if inference_path else None)
         return 0
     raise SystemExit(f"unknown mode {mode!r}")

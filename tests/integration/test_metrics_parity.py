@@ -23,7 +23,11 @@ import pytest
 from tests.conftest import ROOT, write_yaml
 from tests.helpers.metrics_recipes import build_inference_dir, write_dataset_hyps, write_scp
 
-pytestmark = [pytest.mark.parity, pytest.mark.slow]
+PARITY_PYTHON = os.environ.get("E3P_PARITY_PYTHON") or str(ROOT / ".venv-parity" / "bin" / "python")
+pytestmark = [pytest.mark.parity, pytest.mark.slow,
+              pytest.mark.skipif(not Path(PARITY_PYTHON).is_file(),  # decided before the server starts
+                                 reason=f"no ESPnet3 venv: set E3P_PARITY_PYTHON or run scripts/parity_setup.sh "
+                                        f"({PARITY_PYTHON} missing)")]
 
 WER_T = "espnet3.systems.esp2_asr.metrics.wer.WER"
 CER_T = "espnet3.systems.esp2_asr.metrics.cer.CER"
@@ -37,9 +41,7 @@ def parity_python() -> str:
 
     if _espnet3_installed():
         pytest.skip("espnet3 is importable here: run these tests from the project's own .venv")
-    candidate = os.environ.get("E3P_PARITY_PYTHON") or str(ROOT / ".venv-parity" / "bin" / "python")
-    if not Path(candidate).is_file():
-        pytest.skip(f"no ESPnet3 venv: set E3P_PARITY_PYTHON or run scripts/parity_setup.sh ({candidate} missing)")
+    candidate = PARITY_PYTHON
     probe = subprocess.run([candidate, "-c", PROBE], capture_output=True, text=True, timeout=300)
     if probe.returncode != 0:
         pytest.skip(f"{candidate} cannot import espnet3 202611: {probe.stderr.strip().splitlines()[-1:]}")
@@ -60,7 +62,9 @@ def _oracle(python: str, mode: str, metrics_yaml: Path, inference_dir: Path, inf
     if expect_ok:
         assert proc.returncode == 0, proc.stderr[-4000:]
         if mode == "ours":
-            assert f"espnet3_prefect from {ROOT}" in proc.stderr  # this checkout's flow, not another install
+            # this checkout's package and flow, not another install's
+            assert f"espnet3_prefect from {ROOT}/espnet3_prefect/" in proc.stderr
+            assert f"flow from {ROOT}/flows/metrics.py" in proc.stderr
     return proc
 
 
