@@ -93,11 +93,6 @@ def class_path(metric: Any) -> str:
     return f"{metric.__module__}.{type(metric).__name__}"
 
 
-def declares_inputs(metric: Any) -> bool:
-    """Whether ``metric`` follows ESPnet3's contract (a non-empty ``inputs`` declaration)."""
-    return bool(getattr(metric, "inputs", None))
-
-
 def check_metric_contract(metric: Any) -> None:
     """Raise :class:`MetricDeclarationError` unless ``inputs`` and ``outputs`` are well declared.
 
