@@ -1,6 +1,6 @@
 """CLI commands beyond ``infer``: ``metrics``, ``evaluate``, ``deploy-local`` and ``infer --detach``.
 
-    espnet3-prefect metrics  --config conf/metrics.yaml [key=value ...]
+    espnet3-prefect metrics  --config conf/metrics.yaml [key=value ...] [--inference-config conf/inference.yaml ...]
     espnet3-prefect evaluate --config conf/inference.yaml [parallel.yaml] --metrics-config conf/metrics.yaml
     espnet3-prefect deploy-local [--port 4200]     # server + process work pool + deploy --all + worker
     espnet3-prefect deploy-local --stop
@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction, infer: argparse.ArgumentParser) ->
     metrics.add_argument("--config", nargs="+", required=True, metavar="FILE_OR_OVERRIDE",
                          help="metrics config files merged left to right, then key=value overrides")
     metrics.add_argument("extra", nargs="*", help="more config files or key=value overrides")
+    metrics.add_argument("--inference-config", nargs="+", default=[], metavar="FILE_OR_OVERRIDE",
+                         help="inference config files, then key=value overrides: the test sets dataset:<column> "
+                              "inputs read (and inference_dir when the metrics config has none)")
     _server_options(metrics)
 
     evaluate = sub.add_parser("evaluate", help="infer then metrics, with a score history (flow 'evaluate')")
@@ -82,17 +85,20 @@ def dispatch(args: argparse.Namespace) -> int:
 def run_metrics(args: argparse.Namespace) -> int:
     from .cli import split_args
     from .config import load_config
-    from .metrics_stage import prepare_metrics
+    from .metrics_stage import load_inference_config, prepare_metrics
 
     configs, overrides = split_args([*args.config, *args.extra])
-    prepare_metrics(load_config(configs, overrides))  # config errors before any server starts
+    i_configs, i_overrides = split_args(args.inference_config)
+    prepare_metrics(load_config(configs, overrides),  # config errors before any server starts
+                    inference_config=load_inference_config(i_configs, i_overrides))
     from .server import prefect_api
 
     with prefect_api(args.state_dir, keep=args.keep_server) as api_url:
         from .flows.metrics import metrics
 
         print(f"Prefect API: {api_url}", file=sys.stderr)
-        results = metrics(config=configs, overrides=overrides)
+        results = metrics(config=configs, overrides=overrides, inference_config=i_configs or None,
+                          inference_overrides=i_overrides)
     for key, per_test in results.items():
         for test_set, result in per_test.items():
             print(f"{test_set}: {key}: {json.dumps(result)}")

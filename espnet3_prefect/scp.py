@@ -4,8 +4,9 @@ What ``infer`` writes: utt_ids are non-empty and contain no whitespace or '/' (n
 '..'); values may hold any text but line breaks, which are rejected at write time naming the
 utterance and field. The value is everything after the first space, kept verbatim:
 :func:`read_scp` / :func:`iter_scp_verbatim` give it back exactly (leading/trailing spaces, tabs,
-any UTF-8). :func:`iter_scp` is the tolerant reader the metrics stage uses (any whitespace
-separates, surrounding whitespace is dropped), which suits word- and character-level scoring.
+any UTF-8). :func:`iter_scp` is the reader the metrics stage uses, with ESPnet3's rule: each
+line is stripped, blank lines are skipped, the utt_id ends at the first whitespace and the value
+(the rest) is stripped too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 from itertools import zip_longest
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping
 
 from .errors import BadInputError
 
@@ -21,19 +22,33 @@ from .errors import BadInputError
 def iter_scp(path: str | os.PathLike) -> Iterator[tuple[int, str, str]]:
     """Yield ``(line_number, utt_id, value)``; the value is ``""`` for ``utt_id`` alone (empty hyp).
 
-    Blank lines are skipped; the value keeps its inner spacing.
+    Blank lines are skipped; the value keeps its inner spacing (ESPnet3's ``BaseMetric`` reading).
 
     >>> import tempfile; p = Path(tempfile.mkdtemp()) / "hyp.scp"
-    >>> _ = p.write_text("u1 a b\\nu2 \\n\\nu3\\n")
+    >>> _ = p.write_text("u1 a  b \\nu2 \\n\\n  u3\\n")
     >>> list(iter_scp(p))
-    [(1, 'u1', 'a b'), (2, 'u2', ''), (4, 'u3', '')]
+    [(1, 'u1', 'a  b'), (2, 'u2', ''), (4, 'u3', '')]
     """
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
-            parts = line.rstrip("\r\n").split(None, 1)
-            if not parts:
-                continue
-            yield number, parts[0], parts[1].rstrip() if len(parts) > 1 else ""
+            parts = line.strip().split(maxsplit=1)
+            if parts:
+                yield number, parts[0], parts[1].strip() if len(parts) > 1 else ""
+
+
+def check_utt_id(value: object, where: str = "utt_id") -> str:
+    """``str(value)`` when it can head an SCP line and name a file (no whitespace, '/', '\\\\', '.', '..').
+
+    >>> check_utt_id(7)
+    '7'
+    >>> check_utt_id("a b")
+    Traceback (most recent call last):
+    espnet3_prefect.errors.BadInputError: utt_id 'a b': must be a plain token (no whitespace, '/' or '\\\\', not '.' or '..')
+    """
+    name = str(value)
+    if not name or name in (".", "..") or "/" in name or "\\" in name or any(c.isspace() for c in name):
+        raise BadInputError(f"{where} {name!r}: must be a plain token (no whitespace, '/' or '\\\\', not '.' or '..')")
+    return name
 
 
 def iter_scp_verbatim(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
@@ -152,16 +167,3 @@ def chunked(iterable, size: int) -> Iterator[list]:
             chunk = []
     if chunk:
         yield chunk
-
-
-def aligned_values(data: Mapping[str, object], keys: Sequence[str]) -> Iterator[tuple[str, list[str]]]:
-    """Like :func:`iter_aligned` for a metric's ``data``: SCP paths, or plain lists of strings."""
-    values = [data[k] for k in keys]
-    if all(isinstance(v, (ScpField, str, os.PathLike)) for v in values):
-        yield from iter_aligned({k: v for k, v in zip(keys, values)})
-        return
-    lengths = {len(v) for v in values}  # lists given in-process (ESPnet3's list contract)
-    if len(lengths) != 1:
-        raise BadInputError(f"inputs {', '.join(keys)} have different lengths: {sorted(lengths)}")
-    for i, row in enumerate(zip(*values)):
-        yield f"#{i}", [str(v) for v in row]

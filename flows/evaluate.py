@@ -51,7 +51,7 @@ def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_
         names = ", ".join(f"{{name: {s.test_set}}}" for s in stages)
         m_overrides.append(f"+dataset.test=[{names}]")
     mcfg = load_config(as_list(metrics_config), m_overrides)
-    mplan = prepare_metrics(mcfg, check_inputs=False)
+    mplan = prepare_metrics(mcfg, inference_config=icfg, check_inputs=False)  # dataset: inputs read icfg
     identity = model_identity(icfg)
     i_overrides = list(as_list(infer_overrides))
     if identity["kind"] == "files":  # the checkpoint's content joins infer's fingerprint
@@ -88,7 +88,8 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
                     last["run_time"])
     started, clock = now_utc(), time.monotonic()
     summaries = infer(config=infer_config, overrides=plan["infer_overrides"])
-    results = metrics(config=metrics_config, overrides=plan["metrics_overrides"])
+    results = metrics(config=metrics_config, overrides=plan["metrics_overrides"], inference_config=infer_config,
+                      inference_overrides=plan["infer_overrides"])
     shards_run = sum(s["shards_run"] for s in summaries)
     shards_cached = sum(s["shards_cached"] for s in summaries)
     from_cache = unchanged and shards_run == 0

@@ -18,13 +18,30 @@ pytestmark = pytest.mark.slow
 def test_cli_metrics_scores_and_stops_its_server(tmp_path):
     out = known_errors_dir(tmp_path)
     cfg = metrics_cfg(tmp_path, out)
-    only_wer = f"metrics=[{{metric: {{_target_: {WER_T}}}}}]"
+    only_wer = f"metrics=[{{metric: {{_target_: {WER_T}}}, inputs: {{ref: ref, hyp: hyp}}}}]"
     proc = subprocess.run([*CLI, "metrics", "--config", str(cfg), only_wer], env=cli_env(tmp_path / "home"),
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f'test_a: {WER_T}: {{"WER": 75.0,' in proc.stdout
+    assert f'test_a: {WER_T}: {{"WER": 75.0}}' in proc.stdout
     assert list(json.loads((out / "metrics.json").read_text())) == [WER_T]  # the override dropped CER
     assert not (tmp_path / "home" / "server.json").exists()
+
+
+def test_cli_metrics_reads_dataset_columns_through_the_inference_config(tmp_path):
+    from tests.helpers.wordrecipe import word_config
+
+    (tmp_path / "model.ckpt").write_text("0\n")
+    i = write_yaml(tmp_path / "inference.yaml", word_config(tmp_path, n=2))
+    (tmp_path / "inference" / "dev").mkdir(parents=True)
+    (tmp_path / "inference" / "dev" / "text.scp").write_text("w0000 the cat sat\nw0001 on the mat\n")
+    m = write_yaml(tmp_path / "metrics.yaml", {"metrics": [  # inference_dir comes from the inference config
+        {"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:text", "hyp": "text"}}]})
+    proc = subprocess.run([*CLI, "metrics", "--config", str(m), "--inference-config", str(i), "dataset.test.0.n=2"],
+                          env=cli_env(tmp_path / "home"), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f'dev: {WER_T}: {{"WER": 14.29}}' in proc.stdout  # "today" deleted: 1 of 7 words
+    assert (tmp_path / "inference" / "dev" / "dataset" / "text.scp").read_text() == \
+        "w0000 the cat sat\nw0001 on the mat today\n"
 
 
 @pytest.mark.parametrize("argv, expected", [
