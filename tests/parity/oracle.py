@@ -11,8 +11,9 @@ Each file is loaded the way ESPnet3's own loader loads it
 lists, ``${self_name:}`` bound to that file's stem), the files are merged left to right, then the
 overrides apply (``a.b=1``, ``+a.b=1``, ``~a.b``), then interpolations resolve.
 
-For ``infer`` the ``parallel`` block becomes ``{env: local, n_workers: 1, options: {host:
-127.0.0.1, dashboard on 127.0.0.1:0, one thread per worker}}`` (the config's
+For ``infer`` the ``parallel`` block becomes ``{env: local, n_workers: 1, options: {processes:
+false, threads_per_worker: 1, dashboard_address: null}}``: an in-process LocalCluster on Dask's
+inproc transport, nothing on the network (the config's
 ``allow_overwrite_lock`` is kept; ``parallel.*`` overrides still apply; ``--keep-parallel``
 leaves the config's block alone). Upstream always goes through a Dask ``LocalCluster``.
 """
@@ -31,7 +32,11 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 ROOT = Path(__file__).resolve().parents[2]
-LOOPBACK_OPTIONS = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", "threads_per_worker": 1}
+# The worker runs in the oracle's own process (processes: False): the same LocalCluster, scheduler,
+# WorkerPlugin and task path, without spawning a process that imports torch again (the oracle
+# runs dozens of times per parity session on a 2-core machine). In-process clusters talk over
+# Dask's inproc:// transport, so nothing listens on the network; the dashboard is off.
+LOOPBACK_OPTIONS = {"processes": False, "threads_per_worker": 1, "dashboard_address": None}
 
 
 def _importable_everywhere() -> None:
