@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -42,10 +44,17 @@ def fsdd_recordings():
 
 @pytest.fixture(scope="session")
 def parity_dtmf(tmp_path_factory):
-    """13 DTMF utterances (noisy enough that the model makes a few mistakes)."""
-    from espnet3_prefect.demo.dtmf import make_corpus
+    """13 DTMF utterances, noisy enough that the model makes a few mistakes; dtmf_000004 is made
+    silent, so its hypothesis is empty (an SCP line ``"dtmf_000004 "`` and an empty hyp to score)."""
+    import numpy as np
 
-    return make_corpus(tmp_path_factory.mktemp("parity-dtmf"), 13, seed=7, noise_db=-16.0)
+    from espnet3_prefect.demo.dtmf import make_corpus, read_wav, write_wav
+
+    corpus = make_corpus(tmp_path_factory.mktemp("parity-dtmf"), 13, seed=7, noise_db=-16.0)
+    silent = corpus / "wav" / "dtmf_000004.wav"
+    samples, rate = read_wav(silent)
+    write_wav(silent, np.zeros_like(samples), rate)
+    return corpus
 
 
 def _needs_fsdd(key: tuple) -> bool:
@@ -59,7 +68,13 @@ def _needs_fsdd(key: tuple) -> bool:
 
 @pytest.fixture(scope="session")
 def runs(request, parity_venvs, prefect_server, parity_dtmf, fsdd_recordings, tmp_path_factory):
-    base = tmp_path_factory.mktemp("parity")
+    keep = os.environ.get("E3P_PARITY_WORKDIR")  # a folder to keep the runs and logs in (cleared first)
+    if keep:
+        base = Path(keep).resolve()
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+    else:
+        base = tmp_path_factory.mktemp("parity")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "E3P_HOOK_LOG"}
     env.update(PREFECT_API_URL=prefect_server, PREFECT_HOME=str(base / "prefect-client"),
                PYTHONPATH=str(ROOT), ESPNET3_PREFECT_HOME=str(base / "e3p-home"), PYTHONUNBUFFERED="1")

@@ -246,9 +246,8 @@ class ParityRuns:
                f"parallel.n_workers={n}", *OURS_EXTRA]
         return self._run(key, cmd, cwd, inference_dir, self._hook_env(recipe, cwd))
 
-    def _copy_of(self, key: tuple, source: RunResult) -> tuple[Path, str, list[str]]:
+    def _copy_of(self, key: tuple, recipe: Recipe, source: RunResult) -> tuple[Path, str, list[str]]:
         """A copy of ``source``'s run folder for ``key`` (same layout: the config still applies)."""
-        recipe = RECIPES[key[1]]
         run_dir = self.base / "runs" / self._slug(key)
         if run_dir.exists():
             shutil.rmtree(run_dir)
@@ -275,7 +274,7 @@ class ParityRuns:
             source = self.get(("ours", *key[1:]))
             if not source.ok:
                 return _not_run(key, source)
-            cwd, inference_dir, overrides = self._copy_of(key, source)
+            cwd, inference_dir, overrides = self._copy_of(key, recipe, source)
             config = f"conf/{recipe.config_path.name}" if recipe.template else str(recipe.config_path)
             return self._oracle_infer(key, recipe, cwd, config, inference_dir, overrides)
         if kind == "ours_on_up":
@@ -283,7 +282,7 @@ class ParityRuns:
             source = self.get(("up", key[1]))
             if not source.ok:
                 return _not_run(key, source)
-            cwd, inference_dir, overrides = self._copy_of(key, source)
+            cwd, inference_dir, overrides = self._copy_of(key, recipe, source)
             config = f"conf/{recipe.config_path.name}" if recipe.template else str(recipe.config_path)
             return self._ours_infer(key, recipe, venv, n, cwd, config, inference_dir, overrides)
         if kind in ("measure_up", "measure_ours"):
@@ -298,7 +297,7 @@ class ParityRuns:
         source = self.get(("up", case.inference))
         if not source.ok:
             return _not_run(key, source)
-        cwd, inference_dir, overrides = self._copy_of(key, source)
+        cwd, inference_dir, overrides = self._copy_of(key, recipe, source)
         metrics_config = str(RECIPES_DIR / case.config)
         args = ["--config", metrics_config, f"inference_dir={inference_dir}"]
         if case.with_inference_config:
@@ -475,7 +474,7 @@ def normalize_hook_value(value: Any, roots: list[str]) -> Any:
     if isinstance(value, dict):
         if set(value) == {"int"}:
             return "int"
-        if set(value) == {"list"} and all(isinstance(v, dict) and "Path" in v for v in value["list"]):
+        if set(value) == {"list"} and value["list"] and all(isinstance(v, dict) and "Path" in v for v in value["list"]):
             return {"list of Path": sorted({json.dumps(normalize_hook_value(v, roots)) for v in value["list"]})}
         return {k: normalize_hook_value(v, roots) for k, v in value.items()}
     return value

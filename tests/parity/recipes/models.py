@@ -7,7 +7,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from espnet3_prefect.demo.recipe import DTMFRecognizer
+
 from .data import DIGIT_WORDS
+
+
+def single_thread() -> None:
+    """One intra-op thread, so every process computes the same float bits (an in-process Dask
+    worker would otherwise use all cores while a spawned one is limited to one)."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+class DTMFModel(DTMFRecognizer):
+    """The demo's DTMF recognizer (a fixed-weight torch filter bank), single-threaded."""
+
+    def __init__(self, sample_rate_hz: int = 8000, device: str = "cpu"):
+        single_thread()
+        super().__init__(sample_rate_hz, device)
 
 
 def as_array(speech: Any) -> np.ndarray:
@@ -25,6 +42,7 @@ class DigitNet:
     numbers never depend on how items were batched."""
 
     def __init__(self, seed: int = 0, n_fft: int = 256, device: str = "cpu"):
+        single_thread()
         generator = torch.Generator().manual_seed(int(seed))
         self.n_fft = int(n_fft)
         self.weight = torch.randn(self.n_fft // 2 + 1, len(DIGIT_WORDS), generator=generator,

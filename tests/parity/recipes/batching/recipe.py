@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from espnet3_prefect.demo.recipe import DTMFRecognizer
+from ..models import DTMFModel
 
 
-class BatchRecordingRecognizer(DTMFRecognizer):
+class BatchRecordingRecognizer(DTMFModel):
     """The DTMF recognizer, answering ``(text, batch size)`` per item."""
 
     def __call__(self, speech: Any) -> Any:
