@@ -114,8 +114,8 @@ class RunResult:
         if self.rc is None:
             return f"timed out after {RUN_TIMEOUT_S:.0f} s ({self.log})"
         lines = [ln.strip() for ln in self.text().splitlines() if ln.strip()]
-        patterns = (r"^error: ", r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b.*:", r"^[A-Za-z_.]*Error$",
-                    r"usage: ")
+        patterns = (r"^error: ", r"^[\w-]+: error: ", r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b.*:",
+                    r"^[A-Za-z_.]*Error$")
         for line in reversed(lines):
             if any(re.search(p, line) for p in patterns):
                 return shorten(line)

@@ -102,7 +102,7 @@ def test_upstream_on_our_folder(runs, recipe, venv, n):
             f"upstream infer() on our folder failed, but not with an error of its own: {result.reason()}")
 
 
-OURS_ON_UP = [("stock", "venv", 2), ("stock", "parity", 1), ("batching", "parity", 2)]
+OURS_ON_UP = [("stock", "venv", 2), ("batching", "parity", 2)]
 
 
 @pytest.mark.parametrize("recipe,venv,n", OURS_ON_UP, ids=[ids(p) for p in OURS_ON_UP])
