@@ -14,6 +14,8 @@ import copy
 import dataclasses
 import hashlib
 import inspect
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,13 +110,28 @@ def code_identity(*objects: Any) -> str:
     """sha256 of the source of the given classes/functions (qualified name where source is absent)."""
     sha = hashlib.sha256()
     for obj in objects:
-        if obj is None:
-            continue
-        try:
-            sha.update(inspect.getsource(obj).encode())
-        except (OSError, TypeError):
-            sha.update(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', obj)}".encode())
+        if obj is not None:
+            sha.update(_source(obj).encode())
     return sha.hexdigest()
+
+
+def _source(obj: Any) -> str:
+    """``inspect.getsource``; CPython 3.11's parser can raise ``SystemError: AST constructor recursion
+    depth mismatch`` when another thread parses at the same moment (a class's source is found by
+    parsing its module), so that error is retried, and we never give up on a transient one."""
+    for attempt in range(5):
+        try:
+            with _SOURCE_LOCK:
+                return inspect.getsource(obj)
+        except (OSError, TypeError):
+            return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', obj)}"
+        except SystemError:
+            time.sleep(0.05 * (attempt + 1))
+    with _SOURCE_LOCK:
+        return inspect.getsource(obj)
+
+
+_SOURCE_LOCK = threading.Lock()
 
 
 def prepare_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
