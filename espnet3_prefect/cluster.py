@@ -405,14 +405,16 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[
     """The flow's ``DaskTaskRunner``, started; batch jobs watched and always cleaned up.
 
     ``log_root`` is the inference dir (the default job logs go under it). For env local and
-    address this is the plain runner of :func:`build_task_runner`.
+    address this is the plain runner of :func:`build_task_runner`. On every backend a failure to
+    close the cluster after another error (workers too slow to stop) is logged, never raised in
+    place of that error.
     """
     if spec.env not in JOBQUEUE_ENVS and spec.env != "ssh":
-        with build_task_runner(spec) as runner:
+        with _entered(build_task_runner(spec), logger) as runner:
             yield runner
         return
     if spec.env == "ssh":
-        with build_task_runner(spec) as runner:
+        with _entered(build_task_runner(spec), logger) as runner:
             _start(runner, spec)
             yield runner
         return
