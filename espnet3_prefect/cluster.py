@@ -24,6 +24,7 @@ the flow's own process was killed.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import getpass
 import os
 import re
@@ -303,6 +304,9 @@ class JobWatcher(threading.Thread):
         self._said: set[str] = set()
         self._seen: set[str] = set()
         self._halt = threading.Event()
+        # The flow's context goes with the thread: without its Prefect settings (the API URL) the
+        # thread's log lines would start a temporary Prefect server of their own and land there.
+        self._context = contextvars.copy_context()
 
     def stop(self) -> None:
         self._halt.set()
@@ -324,6 +328,9 @@ class JobWatcher(threading.Thread):
             return 0
 
     def run(self) -> None:
+        self._context.run(self._watch)
+
+    def _watch(self) -> None:
         next_warn = self.started + self.start_warn_s
         while not self._halt.wait(self.poll_s):
             try:
