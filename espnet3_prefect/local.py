@@ -27,6 +27,7 @@ def run_runner(runner: Any, indices: Iterable[int]) -> Any:
     shards = plan_shards("local", len(indices), default_num_shards(len(indices), 1, batch_size), batch_size,
                          indices=indices)
     remove_stale(layout, len(shards))
+    layout.root.mkdir(parents=True, exist_ok=True)
     write_manifest(layout.manifest, str(runner.output_dir), layout.shard_subdir, shards)
     fingerprint, identity = runner_fingerprint(runner, indices, batch_size)
     env = None

@@ -53,6 +53,7 @@ FLOW_NAME = "run-runner"
 
 def dispatch(runner: Any, indices: Iterable[int]) -> Any:
     """``runner(indices)``: in this process without a registered ``parallel`` block, else :func:`run`."""
+    _refuse_in_spawned_reimport()
     config = active_parallel_config()
     if config is None:
         from .local import run_runner
@@ -79,22 +80,37 @@ def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | No
     Without ``PREFECT_API_URL`` the embedded Prefect server serves the call (started and stopped
     around it); inside a running flow this is a subflow of it, on that flow's API.
     """
+    _refuse_in_spawned_reimport()
     if parallel is None:
         parallel = active_parallel_config() or DEFAULT_PARALLEL
     control = {"retries": retries, "retry_delay_s": retry_delay_s, "on_error": on_error,
                "max_failed_ratio": max_failed_ratio, "min_free_mb": min_free_mb}
     job = prepare_job(runner, indices, parallel, control)
     importable_from_workers()
-    from .flows.run_runner import run_runner
-
-    flow_fn = run_runner.with_options(flow_run_name=job.name)
     if _in_flow():
         with _api_for_workers():
-            return flow_fn(job=job)
+            return _flow(job)(job=job)
     from .server import prefect_api
 
-    with prefect_api():
-        return flow_fn(job=job)
+    with prefect_api():  # before the flow module imports prefect, so every thread sees this API
+        return _flow(job)(job=job)
+
+
+def _flow(job: "RunnerJob"):
+    from .flows.run_runner import run_runner
+
+    return run_runner.with_options(flow_run_name=job.name)
+
+
+def _refuse_in_spawned_reimport() -> None:
+    """Local Dask workers are spawned processes, which re-run the script that started them as module
+    ``__mp_main__`` (Python's multiprocessing rule): a runner call at a script's top level would start
+    a cluster from inside each worker. Said here, in the worker's stderr, instead of a bare
+    "Nanny failed to start" in the driver."""
+    if getattr(sys.modules.get("__main__"), "__name__", None) == "__mp_main__":
+        raise ConfigError("a runner was called while a worker process re-imported the script that started it; "
+                          "put the script's top-level code under `if __name__ == \"__main__\":` (worker processes "
+                          "re-import the main script, as with any multiprocessing program)")
 
 
 class RunnerJob:
@@ -249,6 +265,8 @@ def importable_from_workers() -> None:
 
 
 def _in_flow() -> bool:
+    if "prefect" not in sys.modules:  # no flow can be running without it
+        return False
     from prefect.context import FlowRunContext
 
     return FlowRunContext.get() is not None

@@ -15,7 +15,7 @@ import pytest
 
 from espnet3_prefect import parallel_config, set_parallel
 from espnet3_prefect.demo.dtmf import make_corpus
-from tests.conftest import write_yaml
+from tests.conftest import ROOT, write_yaml
 from tests.helpers.workloads import LogProvider, SquareRunner, forward_jobs
 from tests.integration.test_real_backends import batch_parallel, queue_jobs, slurm  # noqa: F401 - fixture
 
@@ -51,11 +51,11 @@ def test_stats_demo_same_command_on_slurm_as_in_process(slurm, prefect_server, t
     from espnet3_prefect.demo.stats import main
 
     make_corpus(tmp_path / "data/tiny", 40, seed=5, noise_db=-25.0)
-    common = ["stats_dir=" + str(tmp_path / "{}"), "data=[{name: tiny, data_dir: " + str(tmp_path / "data/tiny") + "}]"]
-    config = "recipes/dtmf/conf/stats.yaml"
-    here = main(["--config", config, "~parallel", *[c.format("here") for c in common]])
+    data = "data=[{name: tiny, data_dir: " + str(tmp_path / "data/tiny") + "}]"
+    config = str(ROOT / "recipes/dtmf/conf/stats.yaml")
+    here = main(["--config", config, "~parallel", data, f"stats_dir={tmp_path / 'here'}"])
     slurm_yaml = write_yaml(tmp_path / "parallel_slurm.yaml", {"parallel": batch_parallel(slurm, n_workers=2)})
-    there = main(["--config", config, str(slurm_yaml), *[c.format("slurm") for c in common]])
+    there = main(["--config", config, str(slurm_yaml), data, f"stats_dir={tmp_path / 'slurm'}"])
     assert here["utterances"] == there["utterances"] == 40 and here["frames"] == there["frames"]
     assert _stats_outputs(tmp_path / "here") == _stats_outputs(tmp_path / "slurm")
     assert list((tmp_path / "slurm/.dask-jobs").iterdir())  # the job logs sit beside the shards
