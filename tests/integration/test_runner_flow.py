@@ -206,3 +206,48 @@ def test_bad_calls_fail_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="parallel.n_workers"):
         set_parallel({"env": "local", "n_workers": 0})
     assert not (tmp_path / "out").exists()
+
+
+NOTEBOOK = """
+from prefect import flow, get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+from espnet3_prefect import BaseRunner, EnvironmentProvider, run
+
+class Provider(EnvironmentProvider):      # notebook cells: classes in __main__, no __file__, no guard
+    def build_env_local(self):
+        return {"k": self.config["k"]}
+
+class Cells(BaseRunner):
+    @staticmethod
+    def forward(idx, k, **env):
+        return idx * k
+
+    def merge(self, shard_dirs):
+        return len(shard_dirs)
+
+@flow(name="notebook-recipe")
+def recipe():
+    return run(Cells(Provider({"k": 2}), None, "out"), range(10), parallel={"env": "local", "n_workers": 2, "num_shards": 3})
+
+state = recipe(return_state=True)
+print("RESULT", state.result())
+with get_client(sync_client=True) as client:
+    parent = FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])
+    for child in client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=parent)):
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[child.id])))
+        print("CHILD", child.name, child.state.type.value, ",".join(sorted(t.name for t in tasks)))
+"""
+
+
+def test_notebook_code_in_a_user_flow_on_prefects_own_temporary_api(tmp_path):
+    """No PREFECT_API_URL: the user's flow runs on Prefect's temporary server, and the workers of the
+    run-runner subflow report to that same API (their task runs are listed there)."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path / "prefect-home"),
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(NOTEBOOK)], capture_output=True, text=True,
+                          timeout=480, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT 3" in proc.stdout
+    assert ("CHILD Cells COMPLETED build-env-Cells,merge-Cells,run-shard-Cells-0,run-shard-Cells-1,run-shard-Cells-2"
+            in proc.stdout)
