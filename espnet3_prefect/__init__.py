@@ -4,6 +4,9 @@ Public API (the ESPnet3 202611 contracts plus the pieces a recipe needs)::
 
     from espnet3_prefect import EnvironmentProvider, InferenceProvider, BaseRunner, InferenceRunner
     from espnet3_prefect import infer, measure          # drop-in for espnet3.systems.base.{inference,metric}
+    from espnet3_prefect import set_parallel, get_parallel_config, run
+    set_parallel(cfg.parallel); runner(range(n))        # a Prefect flow run ``run-runner`` on that cluster
+    run(any_runner, indices, parallel=cfg.parallel)     # the same for any runner (real espnet3 classes too)
 
 The flows live in ``espnet3_prefect.flows`` (``flows/`` in the repository), the tasks in
 ``espnet3_prefect.tasks``; the command line is ``espnet3-prefect``.
@@ -15,13 +18,15 @@ from .errors import BadInputError, ConfigError, Espnet3PrefectError, ItemError, 
 from .inference_runner import InferenceRunner
 from .provider import EnvironmentProvider, InferenceProvider, resolve_device
 from .runner import BaseRunner
+from .parallel_config import get_parallel_config, set_parallel
+from .workload import run
 from .server import prefect_api
 from .parallel import ParallelSpec, build_task_runner  # noqa: F401 - not public API; for tests and tools
 from .plan import Shard, plan_shards  # noqa: F401
 
 __all__ = [
     "BadInputError", "BaseRunner", "ConfigError", "EnvironmentProvider", "Espnet3PrefectError",
-    "InferenceProvider", "InferenceRunner", "ItemError", "MissingExtraError", "infer", "load_config",
-    "measure", "prefect_api", "resolve_device",
+    "InferenceProvider", "InferenceRunner", "ItemError", "MissingExtraError", "get_parallel_config", "infer",
+    "load_config", "measure", "prefect_api", "resolve_device", "run", "set_parallel",
 ]
 __version__ = "0.1.0"

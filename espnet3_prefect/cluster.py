@@ -24,6 +24,7 @@ the flow's own process was killed.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import getpass
 import os
 import re
@@ -303,6 +304,9 @@ class JobWatcher(threading.Thread):
         self._said: set[str] = set()
         self._seen: set[str] = set()
         self._halt = threading.Event()
+        # The flow's context goes with the thread: without its Prefect settings (the API URL) the
+        # thread's log lines would start a temporary Prefect server of their own and land there.
+        self._context = contextvars.copy_context()
 
     def stop(self) -> None:
         self._halt.set()
@@ -324,6 +328,9 @@ class JobWatcher(threading.Thread):
             return 0
 
     def run(self) -> None:
+        self._context.run(self._watch)
+
+    def _watch(self) -> None:
         next_warn = self.started + self.start_warn_s
         while not self._halt.wait(self.poll_s):
             try:
@@ -405,14 +412,16 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[
     """The flow's ``DaskTaskRunner``, started; batch jobs watched and always cleaned up.
 
     ``log_root`` is the inference dir (the default job logs go under it). For env local and
-    address this is the plain runner of :func:`build_task_runner`.
+    address this is the plain runner of :func:`build_task_runner`. On every backend a failure to
+    close the cluster after another error (workers too slow to stop) is logged, never raised in
+    place of that error.
     """
     if spec.env not in JOBQUEUE_ENVS and spec.env != "ssh":
-        with build_task_runner(spec) as runner:
+        with _entered(build_task_runner(spec), logger) as runner:
             yield runner
         return
     if spec.env == "ssh":
-        with build_task_runner(spec) as runner:
+        with _entered(build_task_runner(spec), logger) as runner:
             _start(runner, spec)
             yield runner
         return

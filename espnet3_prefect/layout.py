@@ -10,6 +10,9 @@ ESPnet3 202611's names are kept so a folder can be shared with upstream ``infer(
         split.N/lock                      held while the shard runs (O_EXCL, pid on the first line)
         split.N/done                      written last: the commit point (our JSON + checksums)
 
+A runner run outside the infer stage (:class:`RunnerLayout`) keeps the run lock, the cache and the
+job logs in its shards root instead of the folder above.
+
 >>> lay = StageLayout(Path("/x/inference/test_a"), "sub")
 >>> lay.shard_dir(3).as_posix(), lay.manifest.as_posix()
 ('/x/inference/test_a/sub/split.3', '/x/inference/test_a/sub/manifest.json')
@@ -142,6 +145,24 @@ class StageLayout:
             if index is not None and path.is_dir():
                 found[index] = path
         return found
+
+
+@dataclass(frozen=True)
+class RunnerLayout(StageLayout):
+    """A runner's own folder (``runner(indices)`` / :func:`espnet3_prefect.run`): like a stage's, except
+    that the run lock, ``.prefect-cache/`` and ``.dask-jobs/`` live in the shards root itself, since
+    the folder above ``output_dir`` belongs to the user::
+
+        <output_dir>/[<shard_subdir>/]    manifest.json, split.N/, .espnet3-prefect.lock, .prefect-cache/
+
+    >>> lay = RunnerLayout(Path("/x/stats"), "")
+    >>> lay.cache_dir.as_posix(), lay.run_lock_dir.as_posix()
+    ('/x/stats/.prefect-cache', '/x/stats')
+    """
+
+    @property
+    def inference_dir(self) -> Path:
+        return self.root
 
 
 def job_logs_dir(inference_dir: Path, job_name: str) -> Path:

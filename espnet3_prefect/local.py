@@ -3,7 +3,6 @@ without Dask or Prefect (ESPnet3's local mode, used when no parallel config is r
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -13,39 +12,35 @@ from .marker import check_marker
 from .plan import default_num_shards, plan_shards, write_manifest
 from .resume import remove_stale
 from .shard import run_shard
-from .stage import check_batch_size, code_identity
+from .stage import check_batch_size
 
 
 def run_runner(runner: Any, indices: Iterable[int]) -> Any:
     """Plan ``indices`` (batched first), run the shards not already done, return ``runner.merge(...)``."""
+    from .workload import check_indices, runner_fingerprint
+
     if getattr(runner, "output_dir", None) is None:
         raise ConfigError(f"{type(runner).__qualname__}.output_dir: not set; shards need a folder to go to")
-    indices = list(indices)
-    if not indices:
-        raise ConfigError(f"{type(runner).__qualname__}: no indices to run")
+    indices = check_indices(indices, type(runner).__qualname__)
     batch_size = check_batch_size(getattr(runner, "batch_size", None))
     layout = StageLayout(Path(runner.output_dir), str(getattr(runner, "shard_subdir", "") or ""))
     shards = plan_shards("local", len(indices), default_num_shards(len(indices), 1, batch_size), batch_size,
                          indices=indices)
     remove_stale(layout, len(shards))
+    layout.root.mkdir(parents=True, exist_ok=True)
     write_manifest(layout.manifest, str(runner.output_dir), layout.shard_subdir, shards)
-    fingerprint = _fingerprint(runner, indices, batch_size)
+    fingerprint, identity = runner_fingerprint(runner, indices, batch_size)
     env = None
     for shard in shards:
         expect = {"fingerprint": fingerprint, "start": shard.start, "stop": shard.stop}
         if getattr(runner, "resume", True) and check_marker(layout.shard_dir(shard.index), expect) is None:
             continue
         if env is None:
-            env = dict(runner.provider.build_env_local())
+            provider = getattr(runner, "provider", None)
+            env = dict(provider.build_env_local()) if provider is not None else {}
             env.setdefault("output_dir", str(runner.output_dir))
             if layout.shard_subdir:
                 env.setdefault("shard_subdir", layout.shard_subdir)
-        run_shard(type(runner), shard, env, layout, marker={"fingerprint": fingerprint})
+        run_shard(type(runner), shard, env, layout, marker={"fingerprint": fingerprint, "identity": identity})
     return runner.merge([layout.shard_dir(s.index) for s in shards])
 
-
-def _fingerprint(runner: Any, indices: list, batch_size: int | None) -> str:
-    sha = hashlib.sha256(code_identity(type(runner)).encode())
-    sha.update(repr((batch_size, len(indices))).encode())
-    sha.update(",".join(map(str, indices)).encode())
-    return sha.hexdigest()

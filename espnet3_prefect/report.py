@@ -11,7 +11,7 @@ class Progress:
     """Counts finished shards; draws a bar on a terminal and updates a Prefect progress artifact."""
 
     def __init__(self, label: str, total_shards: int, total_items: int, *, stream: TextIO | None = None,
-                 artifact: bool = True):
+                 artifact: bool = True, kind: str = "infer"):
         self.label, self.total_shards, self.total_items = label, total_shards, total_items
         self.shards = self.items = 0
         self.stream = stream if stream is not None else sys.stderr
@@ -24,7 +24,7 @@ class Progress:
             from prefect.artifacts import create_progress_artifact
 
             self._artifact_id = create_progress_artifact(
-                progress=0.0, description=f"infer {label}: shards done of {total_shards}")
+                progress=0.0, description=f"{kind} {label}: shards done of {total_shards}")
         self._draw()
 
     def advance(self, items: int) -> None:

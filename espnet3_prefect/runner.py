@@ -103,9 +103,10 @@ class BaseRunner(ABC):
     def __call__(self, indices: Iterable[int]) -> Any:
         """Run every shard of ``indices`` and return ``merge(...)`` of the finished shard folders.
 
-        In this process unless a parallel config is registered (:func:`espnet3_prefect.set_parallel`);
-        finished shards are skipped when ``resume`` is on, as upstream does.
+        In this process unless a parallel config is registered (:func:`espnet3_prefect.set_parallel`),
+        else as a run of the Prefect flow ``run-runner`` on the Dask cluster that config describes
+        (:func:`espnet3_prefect.run`); finished shards are skipped when ``resume`` is on, as upstream does.
         """
-        from .local import run_runner
+        from .workload import dispatch
 
-        return run_runner(self, indices)
+        return dispatch(self, indices)

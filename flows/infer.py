@@ -11,25 +11,22 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, get_run_logger
 
 from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.config import load_config_input
 from espnet3_prefect.dataprep import ensure_prepared
-from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, describe, is_retryable, one_line
-from espnet3_prefect.lock import acquire
+from espnet3_prefect.dispatch import forget_env, run_shards, take_run_lock
+from espnet3_prefect.errors import ConfigError, one_line
 from espnet3_prefect.merge import remove_merged
-from espnet3_prefect.plan import Shard, write_manifest
-from espnet3_prefect.report import Progress, format_summary, publish_summary
+from espnet3_prefect.plan import write_manifest
+from espnet3_prefect.report import format_summary, publish_summary
 from espnet3_prefect.resume import already_complete, plan_for, remove_stale, shards_to_redo
-from espnet3_prefect.run_states import mark_flow_run_crashed, mark_task_run_crashed
 from espnet3_prefect.rundir import enter_workdir
 from espnet3_prefect.stage import Stage, prepare_stages
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge import merge_shards
-from espnet3_prefect.tasks.run_shard import run_shard
 
 
 def _importable_by_batch_jobs() -> None:
@@ -98,33 +95,25 @@ def _run_stages(spec, stages: list[Stage], logger) -> list[dict]:
     return [finished[s.test_set] for s in stages]
 
 
-def check_writable(out_dir: Path, min_free_mb: float = 0.0) -> None:
-    """Fail before any compute when the output folder cannot be written or its disk is (nearly) full."""
+def check_writable(out_dir: Path, min_free_mb: float = 0.0, key: str = "inference_dir") -> None:
+    """Fail before any compute when the output folder cannot be written or its disk is (nearly) full
+    (``key`` names the setting in the message)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / f".write-probe-{uuid.uuid4().hex[:8]}"
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"inference_dir: cannot write to {out_dir}: {exc.strerror or one_line(exc)}") from None
+        raise ConfigError(f"{key}: cannot write to {out_dir}: {exc.strerror or one_line(exc)}") from None
     free_mb = shutil.disk_usage(out_dir).free / 1e6
     if free_mb < min_free_mb:
-        raise ConfigError(f"inference_dir: only {free_mb:.0f} MB free on {out_dir}, runner.min_free_mb asks "
+        raise ConfigError(f"{key}: only {free_mb:.0f} MB free on {out_dir}, runner.min_free_mb asks "
                           f"for {min_free_mb:.0f} MB")
 
 
 def _lock(inference_dir: Path, logger):
     """Take the output folder's run lock; a killed earlier run's flow run is marked Crashed."""
-    from prefect.runtime import flow_run
-
-    lock = acquire(inference_dir, str(flow_run.id) if flow_run.id else None)
-    stale = lock.stale_holder
-    if stale:
-        logger.warning("took over the lock of a run that is gone (pid %s on %s)", stale.get("pid"), stale.get("host"))
-        if stale.get("flow_run_id") and mark_flow_run_crashed(
-                stale["flow_run_id"], f"its process (pid {stale.get('pid')} on {stale.get('host')}) is gone"):
-            logger.warning("marked the stale flow run %s as Crashed", stale["flow_run_id"])
-    return lock
+    return take_run_lock(inference_dir, logger)
 
 
 def run_test_set(runner, stage: Stage) -> dict:
@@ -145,71 +134,10 @@ def run_test_set(runner, stage: Stage) -> dict:
         stale = remove_merged(layout)
         if stale:
             logger.info("%s: removed stale merged outputs %s", stage.test_set, ", ".join(stale))
-    outcome = _run_shards(runner, stage, shards, redo)
+    outcome = run_shards(runner, stage, shards, redo)
     outputs = merge_shards(stage, shards, sized["n_items"])
-    _forget_env(runner, stage)
+    forget_env(runner, stage.work.env_key)
     return {"test_set": stage.test_set, "shards": len(shards), "items": sized["n_items"],
             "shards_run": outcome["run"], "shards_cached": outcome["cached"], "failed": outcome["failed"],
             "jobs": sorted(outcome["jobs"]), "seconds": time.perf_counter() - started, "outputs": outputs,
             "workers": sized["workers"]}
-
-
-def _run_shards(runner, stage: Stage, shards: list[Shard], redo: dict[int, bool]) -> dict:
-    """Submit every shard and book them as they finish. The first failure that a retry cannot fix
-    (bad input, bad config) stops the test set at once; other failures (a worker that keeps dying,
-    retries exhausted) let the remaining shards finish, so their work is kept, then fail it."""
-    from distributed import as_completed
-
-    pending: dict = {}
-    for shard in shards:
-        task = run_shard.with_options(result_storage=stage.layout.cache_dir, refresh_cache=redo[shard.index],
-                                      retries=stage.retries, retry_delay_seconds=list(stage.retry_delay_s))
-        future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]})
-        pending[future.wrapped_future.key] = (future, shard)
-    progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards))
-    counts: dict[str, Any] = {"run": 0, "cached": 0, "failed": 0, "jobs": set()}
-    failures = []
-    for done in as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop):
-        future, shard = pending.pop(done.key)
-        try:
-            result = future.result()
-        except Exception as exc:  # failed after retries, or the worker died (KilledWorker)
-            line = _failure(future, shard, exc)
-            if not is_retryable(exc):
-                runner.client.cancel([f.wrapped_future for f, _ in pending.values()])
-                raise Espnet3PrefectError(f"test set {stage.test_set!r}: {line} (not retried: the same input "
-                                          f"fails the same way; the other shards were stopped)") from None
-            failures.append(line)
-            continue
-        cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
-        counts["cached" if cached else "run"] += 1
-        counts["failed"] += result.get("failed", 0)
-        if result.get("job_id") and not cached:
-            counts["jobs"].add(result["job_id"])
-        progress.advance(shard.n_items)
-    if failures:
-        raise Espnet3PrefectError(f"test set {stage.test_set!r}: {len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
-    return counts
-
-
-def _failure(future, shard: Shard, exc: Exception) -> str:
-    """One line naming the shard; a shard whose worker died is marked Crashed in the API."""
-    from distributed.scheduler import KilledWorker
-
-    where = f"split.{shard.index} items [{shard.start}, {shard.stop})"
-    if isinstance(exc, KilledWorker):  # Dask lost it: Prefect never saw the end of the task run
-        from prefect.runtime import flow_run
-
-        message = f"{where}: its worker died while running it ({type(exc).__name__}); not retried further"
-        mark_task_run_crashed(future.task_run_id, message, task=run_shard,
-                              name=f"run-shard-{shard.test_set}-{shard.index}", flow_run_id=flow_run.id)
-        return message
-    return f"{where}: {describe(exc)}"
-
-
-def _forget_env(runner, stage: Stage) -> None:
-    """Drop this test set's env on every worker (frees the model before the next test set)."""
-    try:
-        runner.client.unregister_worker_plugin(f"espnet3-env-{stage.work.env_key}")
-    except Exception:  # noqa: BLE001 - best effort: a worker that left has nothing to free
-        pass

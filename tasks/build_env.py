@@ -48,12 +48,8 @@ def build_env(work, builder) -> dict:
     Returns ``{"n_items": len(dataset), "workers": n, "dataset_id": ...}``: the plan needs the
     dataset length, and the driver never builds the dataset or the model itself.
     """
-    from distributed import get_client
-
     logger = get_run_logger()
-    client = get_client()
-    client.register_plugin(EnvPlugin(work.env_key, builder), name=f"espnet3-env-{work.env_key}")
-    env = get_env(work.env_key, builder)
+    env, workers = register_env(work, builder)
     if "dataset" not in env:
         raise ConfigError(f"provider: its env has no 'dataset' entry (it has: {', '.join(sorted(env))}); "
                           f"the infer stage needs len(dataset)")
@@ -61,6 +57,16 @@ def build_env(work, builder) -> dict:
     if n_items == 0:
         raise BadInputError(f"test set {work.test_set!r}: dataset is empty; check the dataset manifest")
     check_input_keys(env, work.test_set)
-    workers = len(client.scheduler_info(n_workers=-1)["workers"])
     logger.info("env %s built on %d worker(s); %d items", work.env_key, workers, n_items)
     return {"n_items": n_items, "workers": workers, "dataset_id": dataset_id(env["dataset"])}
+
+
+def register_env(work, builder) -> tuple[dict, int]:
+    """From a task on a Dask worker: register the env plugin for ``work.env_key`` (every worker,
+    present and future, builds the env once) and build it here; returns ``(env, worker count)``."""
+    from distributed import get_client
+
+    client = get_client()
+    client.register_plugin(EnvPlugin(work.env_key, builder), name=f"espnet3-env-{work.env_key}")
+    env = get_env(work.env_key, builder)
+    return env, len(client.scheduler_info(n_workers=-1)["workers"])

@@ -23,20 +23,7 @@ def merge_shards(stage, shards: list, n_items: int) -> dict:
     """Merge ``shards`` (in plan order) with ``stage.runner.merge``; return ``{output name: path}``."""
     logger = get_run_logger()
     layout = stage.layout
-    dirs = [layout.shard_dir(s.index) for s in shards]
-    missing = [d.name for d in dirs if not (d / DONE_NAME).is_file()]
-    if missing:
-        raise Espnet3PrefectError(f"test set {stage.test_set!r}: cannot merge, not done: {', '.join(missing[:10])}")
-    records = [read_marker(d) or {} for d in dirs]
-    failed = sum(r.get("failed", 0) for r in records)
-    _gather_failures(layout, dirs)
-    if failed:
-        logger.warning("%s: %d of %d items failed and were skipped; listed in %s", stage.test_set, failed,
-                       n_items, layout.failures)
-    if n_items and failed / n_items > stage.max_failed_ratio:
-        raise Espnet3PrefectError(
-            f"test set {stage.test_set!r}: {failed} of {n_items} items failed ({100 * failed / n_items:.1f}%), above "
-            f"runner.max_failed_ratio {stage.max_failed_ratio}; see {layout.failures}")
+    dirs, failed = ready_to_merge(stage, shards, n_items, logger)
     started = time.perf_counter()
     before = snapshot(layout.output_dir)
     stage.runner.merge(dirs)
@@ -47,6 +34,28 @@ def merge_shards(stage, shards: list, n_items: int) -> dict:
     logger.info("merged %d shards into %s in %.2f s: %s", len(dirs), layout.output_dir,
                 time.perf_counter() - started, ", ".join(record["outputs"]) or "no files")
     return {**record["outputs"], **({"failures": str(layout.failures)} if failed else {})}
+
+
+def ready_to_merge(stage, shards: list, n_items: int, logger, what: str | None = None) -> tuple[list, int]:
+    """The shard folders to merge, in plan order, and the count of skipped items; fails when a shard
+    is not done or too many items were skipped (``failures.jsonl`` gathered first)."""
+    what = what or f"test set {stage.test_set!r}"
+    layout = stage.layout
+    dirs = [layout.shard_dir(s.index) for s in shards]
+    missing = [d.name for d in dirs if not (d / DONE_NAME).is_file()]
+    if missing:
+        raise Espnet3PrefectError(f"{what}: cannot merge, not done: {', '.join(missing[:10])}")
+    records = [read_marker(d) or {} for d in dirs]
+    failed = sum(r.get("failed", 0) for r in records)
+    _gather_failures(layout, dirs)
+    if failed:
+        logger.warning("%s: %d of %d items failed and were skipped; listed in %s", stage.test_set, failed,
+                       n_items, layout.failures)
+    if n_items and failed / n_items > stage.max_failed_ratio:
+        raise Espnet3PrefectError(
+            f"{what}: {failed} of {n_items} items failed ({100 * failed / n_items:.1f}%), above "
+            f"runner.max_failed_ratio {stage.max_failed_ratio}; see {layout.failures}")
+    return dirs, failed
 
 
 def _gather_failures(layout, dirs) -> None:

@@ -1,0 +1,115 @@
+"""The flow side of running shards, shared by every flow that drives a runner (``infer``, ``run-runner``).
+
+:func:`run_shards` submits one ``run-shard`` task per shard to the flow's ``DaskTaskRunner`` and books
+them as they finish (progress bar + artifact, counts, one line per failed shard); :func:`forget_env`
+drops a stage's env from the workers; :func:`take_run_lock` takes a folder's run lock and marks the
+flow run of a killed earlier holder Crashed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import Espnet3PrefectError, describe, is_retryable
+from .lock import RunLock, acquire
+from .plan import Shard
+from .report import Progress
+from .run_states import mark_flow_run_crashed, mark_task_run_crashed
+
+
+def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, what: str | None = None,
+               kind: str = "infer") -> dict:
+    """Submit every shard and book them as they finish. The first failure that a retry cannot fix
+    (bad input, bad config) stops the stage at once; other failures (a worker that keeps dying,
+    retries exhausted) let the remaining shards finish, so their work is kept, then fail it.
+
+    ``what`` names the stage in errors (default ``test set '<name>'``); ``kind`` heads the progress
+    artifact's description. Returns ``{"run", "cached", "failed", "jobs"}``.
+    """
+    from distributed import as_completed
+
+    from .tasks.run_shard import run_shard
+
+    what = what or f"test set {stage.test_set!r}"
+    pending: dict = {}
+    for shard in shards:
+        task = run_shard.with_options(result_storage=stage.layout.cache_dir, refresh_cache=redo[shard.index],
+                                      retries=stage.retries, retry_delay_seconds=list(stage.retry_delay_s))
+        future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]})
+        pending[future.wrapped_future.key] = (future, shard)
+    progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards), kind=kind)
+    counts: dict[str, Any] = {"run": 0, "cached": 0, "failed": 0, "jobs": set()}
+    failures = []
+    for done in as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop):
+        future, shard = pending.pop(done.key)
+        try:
+            result = future.result()
+        except Exception as exc:  # failed after retries, or the worker died (KilledWorker)
+            line = shard_failure(future, shard, exc)
+            if not is_retryable(exc):
+                runner.client.cancel([f.wrapped_future for f, _ in pending.values()])
+                raise Espnet3PrefectError(f"{what}: {line} (not retried: the same input "
+                                          f"fails the same way; the other shards were stopped)") from None
+            failures.append(line)
+            continue
+        cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
+        counts["cached" if cached else "run"] += 1
+        counts["failed"] += result.get("failed", 0)
+        if result.get("job_id") and not cached:
+            counts["jobs"].add(result["job_id"])
+        progress.advance(shard.n_items)
+    if failures:
+        raise Espnet3PrefectError(f"{what}: {len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
+    return counts
+
+
+def shard_where(shard: Shard) -> str:
+    """``split.3 items [8, 12)``; over an explicit index list, the dataset indices it covers.
+
+    >>> shard_where(Shard("t", 3, 8, 12)), shard_where(Shard("t", 1, 2, 4, indices=(40, 7)))
+    ('split.3 items [8, 12)', 'split.1 indices 40..7 (positions [2, 4) of the index list)')
+    """
+    if shard.indices is None:
+        return f"split.{shard.index} items [{shard.start}, {shard.stop})"
+    first, last = shard.indices[0], shard.indices[-1]
+    return f"split.{shard.index} indices {first}..{last} (positions [{shard.start}, {shard.stop}) of the index list)"
+
+
+def shard_failure(future, shard: Shard, exc: Exception) -> str:
+    """One line naming the shard; a shard whose worker died is marked Crashed in the API."""
+    from distributed.scheduler import KilledWorker
+
+    where = shard_where(shard)
+    if isinstance(exc, KilledWorker):  # Dask lost it: Prefect never saw the end of the task run
+        from prefect.runtime import flow_run
+
+        from .tasks.run_shard import run_shard
+
+        message = f"{where}: its worker died while running it ({type(exc).__name__}); not retried further"
+        mark_task_run_crashed(future.task_run_id, message, task=run_shard,
+                              name=f"run-shard-{shard.test_set}-{shard.index}", flow_run_id=flow_run.id)
+        return message
+    return f"{where}: {describe(exc)}"
+
+
+def forget_env(runner, env_key: str) -> None:
+    """Drop the env ``env_key`` on every worker (frees the model before the next stage)."""
+    try:
+        runner.client.unregister_worker_plugin(f"espnet3-env-{env_key}")
+    except Exception:  # noqa: BLE001 - best effort: a worker that left has nothing to free
+        pass
+
+
+def take_run_lock(folder: Path, logger) -> RunLock:
+    """Take ``folder``'s run lock; a killed earlier run's flow run is marked Crashed."""
+    from prefect.runtime import flow_run
+
+    lock = acquire(folder, str(flow_run.id) if flow_run.id else None)
+    stale = lock.stale_holder
+    if stale:
+        logger.warning("took over the lock of a run that is gone (pid %s on %s)", stale.get("pid"), stale.get("host"))
+        if stale.get("flow_run_id") and mark_flow_run_crashed(
+                stale["flow_run_id"], f"its process (pid {stale.get('pid')} on {stale.get('host')}) is gone"):
+            logger.warning("marked the stale flow run %s as Crashed", stale["flow_run_id"])
+    return lock
