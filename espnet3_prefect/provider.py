@@ -33,7 +33,7 @@ class EnvironmentProvider:
     {'k': 1}
     """
 
-    def __init__(self, config: Any = None):
+    def __init__(self, config: Any):
         self.config = config
 
     def build_env_local(self) -> Dict[str, Any]:

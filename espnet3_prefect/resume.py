@@ -17,7 +17,7 @@ from .layout import StageLayout
 from .marker import check_marker
 from .merge import merged_outputs_intact, read_merged_record
 from .plan import Shard, default_num_shards, plan_shards
-from .stage import Stage, dataset_id
+from .stage import Sizing, Stage
 
 
 def shards_to_redo(stage: Stage, shards: list[Shard], log: Callable[[str], None]) -> dict[int, bool]:
@@ -49,28 +49,25 @@ def remove_stale(layout: StageLayout, n_shards: int) -> list[str]:
     return removed
 
 
-def already_complete(stage: Stage) -> tuple[dict | None, str]:
+def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[dict | None, str]:
     """``(summary, "")`` for a test set that needs no work, else ``(None, why)``; no cluster needed.
 
-    Needs: resume on, a merge record for this config+code, the dataset (built here, as ESPnet3 does
-    for its length) of the same size and fingerprint, every shard's marker and files intact, and the
-    merged files unchanged.
+    Needs: resume on, a merge record for this config+code, the dataset (``sizing``: built on the
+    driver, as ESPnet3 does for its length) of the same size and fingerprint, every shard's marker and
+    files intact, and the merged files unchanged.
     """
     started = time.perf_counter()
     record = read_merged_record(stage.layout)
-    provider = getattr(stage.runner, "provider", None)
     if not stage.resume:
         return None, "not resumable (runner.resume: false)"
     if not record:
         return None, "no finished merge"
     if record.get("identity_fingerprint") != stage.identity_fingerprint:
         return None, "config or code changed since the last merge"
-    build_dataset = getattr(type(provider), "build_dataset", None)
-    if not callable(build_dataset):
+    if sizing is None:
         return None, "the provider has no build_dataset() to size the test set without a cluster"
-    dataset = build_dataset(provider.config)
-    stage = stage.with_dataset(dataset_id(dataset))
-    n_items = len(dataset)
+    stage = stage.with_dataset(sizing.dataset_id)
+    n_items = sizing.n_items
     if record.get("fingerprint") != stage.work.fingerprint or record.get("n_items") != n_items:
         return None, "the dataset changed since the last merge"
     shards = plan_for(stage, n_items)

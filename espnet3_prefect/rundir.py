@@ -7,8 +7,12 @@ run started from that folder.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from .errors import ConfigError
@@ -38,3 +42,21 @@ def as_list(value) -> list[str]:
     if value is None:
         return []
     return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def preload_on_main_thread() -> None:
+    """Import ``dask_jobqueue`` now, on the main thread, when espnet3 is installed.
+
+    ``espnet3.parallel`` imports ``dask_jobqueue``, whose ``runner`` module installs a SIGINT handler
+    at import time, which Python allows only on the main thread: a recipe module importing espnet3's
+    classes for the first time from a worker thread (the env build, a task) would fail with "signal
+    only works in main thread". Python's own Ctrl-C handling is put back afterwards (the handler it
+    installs exits silently with status 0).
+    """
+    if threading.current_thread() is not threading.main_thread() or "dask_jobqueue" in sys.modules:
+        return
+    if importlib.util.find_spec("espnet3") is None or importlib.util.find_spec("dask_jobqueue") is None:
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    importlib.import_module("dask_jobqueue")
+    signal.signal(signal.SIGINT, handler)

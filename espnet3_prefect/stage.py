@@ -11,6 +11,7 @@ here, on the driver, before a server or cluster starts.
 from __future__ import annotations
 
 import copy
+import os
 import dataclasses
 import hashlib
 import inspect
@@ -18,13 +19,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from .config import fingerprint, for_test_set, identity_config, list_test_sets
 from .contract import load_inference_contract
-from .errors import ConfigError, one_line
+from .errors import BadInputError, ConfigError, one_line
 from .inference_runner import key_list
 from .layout import StageLayout
 from .parallel import ParallelSpec
@@ -54,6 +56,9 @@ class StageWork:
     on_error: str = "fail"
     idx_key: str = "utt_id"
     allow_overwrite_lock: bool = False
+    #: where the run started: a relative ``inference_dir`` (kept relative, as ESPnet3 writes it into
+    #: artifact paths and the manifest) means the same folder only for workers started there
+    cwd: str = ""
 
     def marker_expectation(self, start: int, stop: int) -> dict:
         return {"fingerprint": self.fingerprint, "identity": self.identity, "start": start, "stop": stop}
@@ -98,6 +103,50 @@ class Stage:
         identity = {**self.work.identity, "dataset": dataset_id}
         work = dataclasses.replace(self.work, identity=identity, fingerprint=fingerprint(identity))
         return dataclasses.replace(self, work=work)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What the plan needs to know of a test set's dataset."""
+
+    n_items: int
+    dataset_id: str | None = None
+
+
+def size_on_driver(stage: "Stage") -> Sizing | None:
+    """``provider.build_dataset(config)`` on the driver, as ESPnet3's ``infer()`` does before it runs a
+    test set: its length plans the shards, its fingerprint joins the stage's, and a typo in
+    ``input_key`` fails here, before any cluster starts. None for a provider without
+    ``build_dataset`` (the ``build-env`` task then sizes the test set on a worker)."""
+    provider = getattr(stage.runner, "provider", None)
+    build = getattr(provider, "build_dataset", None)
+    if not callable(build):
+        return None
+    dataset = build(provider.config)
+    n_items = len(dataset)
+    if n_items == 0:
+        raise BadInputError(f"test set {stage.test_set!r}: dataset is empty; check the dataset manifest")
+    params = getattr(provider, "params", None) or {}
+    check_input_keys(dataset, params.get("input_key"), params.get("inference_contract"), stage.test_set)
+    return Sizing(n_items, dataset_id(dataset))
+
+
+def check_input_keys(dataset: Any, input_key: Any, contract: Any, test_set: str) -> None:
+    """Item 0 must carry every (non-optional) input key: a typo in ``input_key`` fails once, here,
+    not in every shard. Datasets whose items are not mappings are left to the runner."""
+    keys = [input_key] if isinstance(input_key, str) else list(input_key or [])
+    inputs = contract.get("inputs") if isinstance(contract, Mapping) else None
+    optional = {name for name, spec in (inputs or {}).items() if isinstance(spec, Mapping) and spec.get("optional")}
+    try:
+        item = dataset[0]
+    except Exception:  # noqa: BLE001 - reading an item is the runner's business; it names the item
+        return
+    if not isinstance(item, Mapping):
+        return
+    missing = [k for k in keys if k not in item and k not in optional]
+    if missing:
+        raise BadInputError(f"input_key: {missing[0]!r} is not a field of test set {test_set!r}'s items "
+                            f"(item 0 has: {', '.join(sorted(map(str, item)))})")
 
 
 def dataset_id(dataset: Any) -> str | None:
@@ -261,12 +310,13 @@ def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, co
     config = copy.deepcopy(cfg)  # the provider's own copy (it updates it with its params), as infer() passes
     OmegaConf.set_struct(config, False)
     config.test_set = name
-    out_dir = inference_dir.expanduser().resolve() / name
+    out_dir = inference_dir.expanduser().resolve() / name  # our bookkeeping: absolute
+    given_dir = Path(str(cfg.inference_dir)) / name  # what upstream gives the runner and the hooks
     params = stage_params(config, contract)
     batch_size = check_batch_size(cfg.get("batch_size"))
     provider_cfg = OmegaConf.create({k: v for k, v in cfg.provider.items() if k != "params"})
     provider = instantiate(provider_cfg, inference_config=config, params=params, _recursive_=False)
-    runner = _runner(cfg, runner_cls, provider, params, batch_size, out_dir)
+    runner = _runner(cfg, runner_cls, provider, params, batch_size, given_dir)
     resume = getattr(runner, "resume", True)
     if not isinstance(resume, bool):
         raise ConfigError(f"runner.resume: must be true or false, got {resume!r}")
@@ -280,8 +330,8 @@ def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, co
     layout = StageLayout(out_dir, shard_subdir)
     work = StageWork(test_set=name, layout=layout, runner_cls=type(runner), env_key="", fingerprint=fingerprint(identity),
                      identity=identity, batch_size=batch_size, on_error=control["on_error"],
-                     idx_key=params["idx_key"], allow_overwrite_lock=spec.allow_overwrite_lock)
-    stage = Stage(work=work, runner=runner, builder=EnvBuilder(setup, str(out_dir), shard_subdir,
+                     idx_key=params["idx_key"], allow_overwrite_lock=spec.allow_overwrite_lock, cwd=os.getcwd())
+    stage = Stage(work=work, runner=runner, builder=EnvBuilder(setup, str(given_dir), shard_subdir,
                                                                type(provider).__qualname__),
                   resume=resume, num_shards=spec.num_shards, n_workers=spec.n_workers,
                   **{k: v for k, v in control.items() if k != "on_error"})

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .errors import ConfigError
+from .rundir import preload_on_main_thread
 
 log = logging.getLogger("espnet3_prefect")
 _ENVS: dict[str, dict[str, Any]] = {}
@@ -83,6 +84,7 @@ class EnvPlugin(WorkerPlugin):
 
     async def setup(self, worker) -> None:
         os.environ["DASK_WORKER_ID"] = str(worker.id)
+        preload_on_main_thread()
         await asyncio.to_thread(get_env, self.key, self.builder)
 
     def teardown(self, worker) -> None:

@@ -22,7 +22,7 @@ from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.history import (HISTORY_FILE, PLOT_FILE, append_history, describe_model, model_identity,
                                      now_utc, read_history, trend_markdown, write_plot)
 from espnet3_prefect.metrics_stage import prepare_metrics
-from espnet3_prefect.rundir import as_list, enter_workdir
+from espnet3_prefect.rundir import as_list, enter_workdir, preload_on_main_thread
 from espnet3_prefect.stage import prepare_stages
 
 from espnet3_prefect.flows.infer import infer
@@ -73,6 +73,7 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
             --metrics-config recipes/dtmf/conf/metrics.yaml
     """
     enter_workdir(workdir)
+    preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
     plan = plan_evaluation(infer_config, metrics_config, infer_overrides, metrics_overrides)
     logger = get_run_logger()
     out_dir: Path = plan["inference_dir"]

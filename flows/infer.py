@@ -23,8 +23,8 @@ from espnet3_prefect.merge import remove_merged
 from espnet3_prefect.plan import write_manifest
 from espnet3_prefect.report import format_summary, publish_summary
 from espnet3_prefect.resume import already_complete, plan_for, remove_stale, shards_to_redo
-from espnet3_prefect.rundir import enter_workdir
-from espnet3_prefect.stage import Stage, prepare_stages
+from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
+from espnet3_prefect.stage import Sizing, Stage, prepare_stages, size_on_driver
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge import merge_shards
 
@@ -58,6 +58,7 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None,
         espnet3-prefect infer --config recipes/dtmf/conf/inference.yaml parallel.n_workers=2
     """
     enter_workdir(workdir)
+    preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
     cfg = load_config_input(config, overrides)
     spec, stages = prepare_stages(cfg)
     for stage in stages:
@@ -79,9 +80,10 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None,
 
 def _run_stages(spec, stages: list[Stage], logger) -> list[dict]:
     """Run the test sets that need work; a run where none does starts no cluster at all."""
-    finished = {}
+    finished, sizing = {}, {}
     for stage in stages:
-        summary, why = already_complete(stage)
+        sizing[stage.test_set] = size_on_driver(stage)
+        summary, why = already_complete(stage, sizing[stage.test_set])
         finished[stage.test_set] = summary
         if summary:
             logger.info("%s: all %d shards done and verified, merged outputs intact: nothing to run",
@@ -91,7 +93,7 @@ def _run_stages(spec, stages: list[Stage], logger) -> list[dict]:
     todo = [s for s in stages if finished[s.test_set] is None]
     if todo:
         with open_task_runner(spec, log_root=stages[0].layout.inference_dir, logger=logger) as runner:
-            finished.update({s.test_set: run_test_set(runner, s) for s in todo})
+            finished.update({s.test_set: run_test_set(runner, s, sizing[s.test_set]) for s in todo})
     return [finished[s.test_set] for s in stages]
 
 
@@ -116,11 +118,15 @@ def _lock(inference_dir: Path, logger):
     return take_run_lock(inference_dir, logger)
 
 
-def run_test_set(runner, stage: Stage) -> dict:
-    """Plan, run and merge one test set; returns its summary (counts and seconds, no data)."""
+def run_test_set(runner, stage: Stage, sizing: Sizing | None = None) -> dict:
+    """Plan, run and merge one test set; returns its summary (counts and seconds, no data).
+
+    ``sizing``: the dataset sized on the driver; without it, ``build-env`` sizes it on a worker."""
     logger = get_run_logger()
     started = time.perf_counter()
     sized = runner.submit(build_env, {"work": stage.work, "builder": stage.builder}).result()
+    if sizing is not None:
+        sized = {**sized, "n_items": sizing.n_items, "dataset_id": sizing.dataset_id}
     stage = stage.with_dataset(sized.get("dataset_id"))
     shards = plan_for(stage, sized["n_items"])
     layout = stage.layout

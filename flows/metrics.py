@@ -17,7 +17,7 @@ from espnet3_prefect.atomic import atomic_write_text
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
 from espnet3_prefect.metrics_stage import (MetricSpec, MetricsPlan, load_any, load_inference_config, metrics_json,
                                            prepare_metrics)
-from espnet3_prefect.rundir import as_list, enter_workdir
+from espnet3_prefect.rundir import as_list, enter_workdir, preload_on_main_thread
 from espnet3_prefect.tasks.score import dataset_column, score
 
 
@@ -36,6 +36,7 @@ def metrics(config: list[str] | str | dict, overrides: list[str] | None = None, 
         espnet3-prefect metrics --config conf/metrics.yaml --inference-config conf/inference.yaml
     """
     enter_workdir(workdir)
+    preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
     cfg = load_any(config if isinstance(config, dict) else as_list(config), as_list(overrides), "config")
     icfg = load_inference_config(inference_config, as_list(inference_overrides))
     plan = prepare_metrics(cfg, inference_config=icfg)  # every config mistake fails here, before any scoring

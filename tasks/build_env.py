@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from prefect import get_run_logger, task
 
 from espnet3_prefect.errors import BadInputError, ConfigError, is_retryable
-from espnet3_prefect.stage import dataset_id
+from espnet3_prefect.stage import check_input_keys, dataset_id
 from espnet3_prefect.worker_env import EnvPlugin, get_env
 
 
@@ -18,26 +16,6 @@ def retry_if_it_can_help(task, task_run, state) -> bool:
     except Exception as exc:  # noqa: BLE001 - classified below
         return is_retryable(exc)
     return True
-
-
-def check_input_keys(env: dict, test_set: str) -> None:
-    """A typo in ``input_key`` fails here, once, before any shard runs: item 0 must carry every
-    (non-optional) input key. Datasets whose items are not mappings are left to the runner."""
-    keys = env.get("input_key")
-    keys = [keys] if isinstance(keys, str) else list(keys or [])
-    contract = env.get("inference_contract") or {}
-    optional = {name for name, spec in (contract.get("inputs") or {}).items()
-                if isinstance(spec, dict) and spec.get("optional")} if isinstance(contract, dict) else set()
-    try:
-        item = env["dataset"][0]
-    except Exception:  # noqa: BLE001 - reading the item is the runner's business; it names the item
-        return
-    if not isinstance(item, Mapping):
-        return
-    missing = [k for k in keys if k not in item and k not in optional]
-    if missing:
-        raise BadInputError(f"input_key: {missing[0]!r} is not a field of test set {test_set!r}'s items "
-                            f"(item 0 has: {', '.join(sorted(map(str, item)))})")
 
 
 @task(name="build-env", task_run_name="build-env-{work.test_set}", retries=1, retry_delay_seconds=2,
@@ -56,7 +34,7 @@ def build_env(work, builder) -> dict:
     n_items = len(env["dataset"])
     if n_items == 0:
         raise BadInputError(f"test set {work.test_set!r}: dataset is empty; check the dataset manifest")
-    check_input_keys(env, work.test_set)
+    check_input_keys(env["dataset"], env.get("input_key"), env.get("inference_contract"), work.test_set)
     logger.info("env %s built on %d worker(s); %d items", work.env_key, workers, n_items)
     return {"n_items": n_items, "workers": workers, "dataset_id": dataset_id(env["dataset"])}
 

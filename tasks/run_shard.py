@@ -33,6 +33,16 @@ def _worker_builder(work):
     return plugin.builder
 
 
+def _same_folder(work, env: dict) -> None:
+    """A relative ``inference_dir`` names the same folder only on workers that run where the flow
+    started (local, SLURM, SGE, OAR workers do; an SSH or Kubernetes worker does not)."""
+    import os
+
+    if not os.path.isabs(str(env.get("output_dir", "/"))) and work.cwd and os.getcwd() != work.cwd:
+        raise ConfigError(f"inference_dir: {env['output_dir']!r} is relative, and this worker runs in {os.getcwd()}, "
+                          f"not in {work.cwd} where the run started; set an absolute inference_dir")
+
+
 @task(name="run-shard", task_run_name="run-shard-{work.test_set}-{shard[index]}", cache_key_fn=shard_cache_key,
       persist_result=True, retry_condition_fn=retry_if_it_can_help)
 def run_shard(work, shard: dict, force: bool = False) -> dict:
@@ -53,6 +63,7 @@ def run_shard(work, shard: dict, force: bool = False) -> dict:
         logger.info("%s: done marker intact, nothing to do", shard_dir.name)
         return {**marker, "reused": True}
     env = get_env(work.env_key, _worker_builder(work))
+    _same_folder(work, env)
     result = run_shard_hooks(
         work.runner_cls, Shard(**shard), env, work.layout, on_error=work.on_error, idx_key=work.idx_key,
         marker={"fingerprint": work.fingerprint, "identity": work.identity, "flow_run_id": run_id},
