@@ -78,6 +78,9 @@ class Stage:
     min_free_mb: float = DEFAULT_MIN_FREE_MB
     num_shards: int | None = None
     n_workers: int = 1
+    #: the inference config for this test set as infer() hands it over (``test_set`` set, the
+    #: provider's params not merged in): what upstream sizes the dataset with on the driver
+    config: Any = None
 
     @property
     def test_set(self) -> str:
@@ -122,7 +125,7 @@ def size_on_driver(stage: "Stage") -> Sizing | None:
     build = getattr(provider, "build_dataset", None)
     if not callable(build):
         return None
-    dataset = build(provider.config)
+    dataset = build(stage.config if stage.config is not None else provider.config)
     n_items = len(dataset)
     if n_items == 0:
         raise BadInputError(f"test set {stage.test_set!r}: dataset is empty; check the dataset manifest")
@@ -333,7 +336,7 @@ def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, co
                      idx_key=params["idx_key"], allow_overwrite_lock=spec.allow_overwrite_lock, cwd=os.getcwd())
     stage = Stage(work=work, runner=runner, builder=EnvBuilder(setup, str(given_dir), shard_subdir,
                                                                type(provider).__qualname__),
-                  resume=resume, num_shards=spec.num_shards, n_workers=spec.n_workers,
+                  resume=resume, num_shards=spec.num_shards, n_workers=spec.n_workers, config=config,
                   **{k: v for k, v in control.items() if k != "on_error"})
     env_key = f"{name}-{stage.identity_fingerprint[:12]}"
     return dataclasses.replace(stage, work=dataclasses.replace(work, env_key=env_key))
