@@ -8,8 +8,10 @@ their upstream behaviour is applied around its ``open_writers`` / ``write_record
 (the provider env plus ``output_dir``, ``shard_subdir`` when set, and ``shard_id``).
 
 Around the hooks, and never changing what they receive: the shard lock, per-item error isolation
-(``on_error: skip`` re-runs a failing batch one item at a time), and the done marker with checksums
-written last.
+(``on_error: skip`` re-runs a failing batch one item at a time), the done marker with checksums
+written last, prefetch (the next units' ``dataset[i]`` read in a background thread while ``forward``
+runs, see :mod:`espnet3_prefect.prefetch`) and where the time goes (:class:`~.prefetch.Timing`,
+carried in the shard's summary and its marker).
 """
 
 from __future__ import annotations
@@ -22,41 +24,54 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .envcall import call_hook, call_with_env
+from .envcall import _accepts, call_hook, call_with_env
 from .errors import ConfigError, ItemError, describe, is_retryable
 from .layout import SHARD_LOCK_NAME, FAILURES_NAME, StageLayout
 from .lock import release_shard_lock, take_shard_lock
 from .marker import remove_marker, write_marker
 from .plan import Shard, Unit
+from .prefetch import DEFAULT_PREFETCH, Prefetcher, Timing, make_view
 
 
 def run_shard(runner_cls: type, shard: Shard, env: dict, layout: StageLayout, *, on_error: str = "fail",
               idx_key: str = "utt_id", marker: dict | None = None, flow_run_id: str | None = None,
-              allow_overwrite_lock: bool = False, log: Callable[[str], Any] | None = None) -> dict:
+              allow_overwrite_lock: bool = False, log: Callable[[str], Any] | None = None,
+              prefetch: int = DEFAULT_PREFETCH) -> dict:
     """Run ``shard`` into ``layout.shard_dir(shard.index)`` and mark it done; return a small summary.
 
     ``marker`` is what the done marker records besides the range and checksums (fingerprint, ...).
+    ``prefetch``: units read ahead of ``forward`` (0: off). The summary and the marker carry
+    ``timing`` (see :class:`~.prefetch.Timing`).
     """
     shard_dir = layout.shard_dir(shard.index)
     took_over = take_shard_lock(layout.shard_lock(shard.index), flow_run_id, allow_overwrite_lock)
     if took_over and log:
         log(f"{shard_dir.name}: took over its lock: {took_over}")
     started = time.perf_counter()
+    timing = Timing()
     try:
         remove_marker(shard_dir)
         _clear(shard_dir)
-        failures = drive(runner_cls, shard.units(), env, shard.index, on_error=on_error, idx_key=idx_key)
+        failures = drive(runner_cls, shard.units(), env, shard.index, on_error=on_error, idx_key=idx_key,
+                         prefetch=prefetch, timing=timing, log=log)
+        committing = time.perf_counter()
         if failures:
             (shard_dir / FAILURES_NAME).write_text("".join(json.dumps(f, sort_keys=True) + "\n" for f in failures),
                                                    encoding="utf-8")
         seconds = round(time.perf_counter() - started, 4)
-        write_marker(shard_dir, {**(marker or {}), "test_set": shard.test_set, "index": shard.index,
-                                 "start": shard.start, "stop": shard.stop, "items": shard.n_items,
-                                 "failed": len(failures), "seconds": seconds, "host": socket.gethostname()})
+        record = {**(marker or {}), "test_set": shard.test_set, "index": shard.index, "start": shard.start,
+                  "stop": shard.stop, "items": shard.n_items, "failed": len(failures), "seconds": seconds,
+                  "host": socket.gethostname()}
+        timing.write_s += time.perf_counter() - committing
+        marking = time.perf_counter()
+        write_marker(shard_dir, {**record, "timing": timing.to_dict()})
+        timing.write_s += time.perf_counter() - marking  # checksums + fsyncs: in the summary, not in the marker
     finally:
         release_shard_lock(layout.shard_lock(shard.index))
+    seconds = round(time.perf_counter() - started, 4)
     return {**shard.to_dict(), "items": shard.n_items, "failed": len(failures), "seconds": seconds,
-            "host": socket.gethostname(), "pid": os.getpid(), "job_id": _batch_job_id()}
+            "host": socket.gethostname(), "pid": os.getpid(), "job_id": _batch_job_id(),
+            "timing": timing.to_dict()}
 
 
 def _clear(shard_dir: Path) -> None:
@@ -79,23 +94,78 @@ def _batch_job_id() -> str | None:
 
 
 def drive(runner_cls: type, units: Iterable[Unit], env: dict, shard_id: int, *, on_error: str = "fail",
-          idx_key: str = "utt_id") -> list[dict]:
+          idx_key: str = "utt_id", prefetch: int = DEFAULT_PREFETCH, timing: Timing | None = None,
+          log: Callable[[str], Any] | None = None) -> list[dict]:
     """``init_state`` -> ``forward`` + ``reduce_state`` per unit -> ``finalize_state``.
 
+    With ``prefetch`` > 0 and a dataset that can have a view (:mod:`espnet3_prefect.prefetch`),
+    ``forward`` gets that view as ``dataset`` while the next ``prefetch`` units are read ahead; every
+    other hook gets ``env`` as it is. ``timing`` (when given) is filled in.
     Returns the items skipped under ``on_error: skip`` (each ``{"idx", "item", "error"}``).
     """
     hooks = _Hooks(runner_cls)
+    timing = timing if timing is not None else Timing()
     failures: list[dict] = []
+    units = list(units)
+    clock = time.perf_counter
+    began = clock()
     state = hooks.init(shard_id, env)
+    timing.write_s += clock() - began
+    prefetcher = _prefetcher(hooks.forward, env, units, prefetch, log)
+    forward_env, label_env = env, env
+    if prefetcher is not None:
+        forward_env, label_env = {**env, "dataset": prefetcher.view}, {**env, "dataset": _Peek(prefetcher)}
+        timing.prefetch = prefetch
     try:
-        for unit in units:
-            for result in _forward(hooks.forward, unit, env, on_error, failures, idx_key):
-                state = hooks.reduce(state, result, shard_id, env)
+        try:
+            for position, unit in enumerate(units):
+                stalled = 0.0
+                if prefetcher is not None:
+                    prefetcher.advance(position)
+                    stalled = prefetcher.inline_wait_s
+                began = clock()
+                results = _forward(hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env)
+                reduced = clock()
+                timing.forward_s += reduced - began - (prefetcher.inline_wait_s - stalled if prefetcher else 0.0)
+                for result in results:
+                    state = hooks.reduce(state, result, shard_id, env)
+                timing.write_s += clock() - reduced
+        finally:
+            if prefetcher is not None:
+                prefetcher.close()
+                timing.load_s, timing.wait_s = prefetcher.load_s, prefetcher.stall_s
     except BaseException:
         _close_quietly(state.get("_writers") if isinstance(state, dict) else None)
         raise
+    began = clock()
     hooks.finalize(state, shard_id, env)
+    timing.write_s += clock() - began
     return failures
+
+
+def _prefetcher(forward: Callable, env: dict, units: list, depth: int,
+                log: Callable[[str], Any] | None) -> Prefetcher | None:
+    """A prefetcher when it is on, ``forward`` takes ``dataset`` and the env's dataset can have a view."""
+    if depth <= 0 or len(units) < 2 or "dataset" not in env:
+        return None
+    try:
+        names, takes_all = _accepts(forward)
+    except (TypeError, ValueError):
+        return None
+    if not takes_all and "dataset" not in names:
+        return None
+    view = make_view(env["dataset"])
+    return None if view is None else Prefetcher(env["dataset"], units, depth, view, warn=log)
+
+
+class _Peek:
+    """``dataset[i]`` for error labels, serialized with the prefetch thread's reads."""
+
+    def __init__(self, prefetcher: Prefetcher):
+        self._prefetcher = prefetcher
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._prefetcher.peek(key)
 
 
 class _Hooks:
@@ -158,20 +228,24 @@ def _close_quietly(writers: Any) -> None:
                     pass
 
 
-def _forward(forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str) -> list:
+def _forward(forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str,
+             label_env: dict | None = None) -> list:
     """``[result]`` for one unit; under ``on_error: skip`` a failing batch is retried item by item
-    (as one-item batches, the shape ``forward`` expects) and failing items are left out."""
+    (as one-item batches, the shape ``forward`` expects) and failing items are left out.
+    ``label_env``: where error messages read the utterance ids (default ``env``)."""
+    label_env = env if label_env is None else label_env
     try:
         return [call_with_env(forward, unit, env=env)]
     except ConfigError:
         raise
     except Exception as exc:
         if on_error != "skip":
-            raise ItemError(f"{unit_label(unit, env, idx_key)}: {describe(exc)}", retryable=is_retryable(exc)) from exc
+            raise ItemError(f"{unit_label(unit, label_env, idx_key)}: {describe(exc)}",
+                            retryable=is_retryable(exc)) from exc
         if isinstance(unit, list) and len(unit) > 1:
-            return [r for i in unit for r in _forward(forward, [i], env, on_error, failures, idx_key)]
+            return [r for i in unit for r in _forward(forward, [i], env, on_error, failures, idx_key, label_env)]
         index = unit[0] if isinstance(unit, list) else unit
-        failures.append({"idx": index, "item": unit_label(unit, env, idx_key), "error": describe(exc)})
+        failures.append({"idx": index, "item": unit_label(unit, label_env, idx_key), "error": describe(exc)})
         return []
 
 

@@ -26,15 +26,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from .config import fingerprint, for_test_set, identity_config, list_test_sets
 from .contract import load_inference_contract
-from .errors import BadInputError, ConfigError, one_line
+from .errors import BadInputError, ConfigError, describe, one_line
 from .inference_runner import key_list
 from .layout import StageLayout
 from .parallel import ParallelSpec
+from .prefetch import DEFAULT_PREFETCH, check_prefetch
 from .targets import instantiate, load_callable, locate
 from .worker_env import EnvBuilder
 
 # runner keys that steer the orchestration: ours, never passed to the runner's constructor
-RUNNER_CONTROL_KEYS = ("retries", "retry_delay_s", "on_error", "max_failed_ratio", "min_free_mb")
+RUNNER_CONTROL_KEYS = ("retries", "retry_delay_s", "on_error", "max_failed_ratio", "min_free_mb", "prefetch")
 ON_ERROR = ("fail", "skip")
 DEFAULT_MAX_FAILED_RATIO = 0.05
 DEFAULT_MIN_FREE_MB = 100.0
@@ -59,6 +60,8 @@ class StageWork:
     #: where the run started: a relative ``inference_dir`` (kept relative, as ESPnet3 writes it into
     #: artifact paths and the manifest) means the same folder only for workers started there
     cwd: str = ""
+    #: ``runner.prefetch``: units read ahead of ``forward`` in a background thread (0: off)
+    prefetch: int = DEFAULT_PREFETCH
 
     def marker_expectation(self, start: int, stop: int) -> dict:
         return {"fingerprint": self.fingerprint, "identity": self.identity, "start": start, "stop": stop}
@@ -292,7 +295,8 @@ def _runner_control(block: DictConfig) -> dict:
     if isinstance(free, bool) or not isinstance(free, (int, float)) or free < 0:
         raise ConfigError(f"runner.min_free_mb: must be a number >= 0, got {free!r}")
     return {"retries": retries, "retry_delay_s": tuple(float(d) for d in delay), "on_error": on_error,
-            "max_failed_ratio": float(ratio), "min_free_mb": float(free)}
+            "max_failed_ratio": float(ratio), "min_free_mb": float(free),
+            "prefetch": check_prefetch(block.get("prefetch", DEFAULT_PREFETCH))}
 
 
 def check_batch_size(value: Any) -> int | None:
@@ -333,11 +337,12 @@ def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, co
     layout = StageLayout(out_dir, shard_subdir)
     work = StageWork(test_set=name, layout=layout, runner_cls=type(runner), env_key="", fingerprint=fingerprint(identity),
                      identity=identity, batch_size=batch_size, on_error=control["on_error"],
-                     idx_key=params["idx_key"], allow_overwrite_lock=spec.allow_overwrite_lock, cwd=os.getcwd())
+                     idx_key=params["idx_key"], allow_overwrite_lock=spec.allow_overwrite_lock, cwd=os.getcwd(),
+                     prefetch=control["prefetch"])
     stage = Stage(work=work, runner=runner, builder=EnvBuilder(setup, str(given_dir), shard_subdir,
                                                                type(provider).__qualname__),
                   resume=resume, num_shards=spec.num_shards, n_workers=spec.n_workers, config=config,
-                  **{k: v for k, v in control.items() if k != "on_error"})
+                  **{k: v for k, v in control.items() if k not in ("on_error", "prefetch")})
     env_key = f"{name}-{stage.identity_fingerprint[:12]}"
     return dataclasses.replace(stage, work=dataclasses.replace(work, env_key=env_key))
 

@@ -43,6 +43,7 @@ from .layout import RunnerLayout
 from .parallel import ParallelSpec
 from .parallel_config import DEFAULT_PARALLEL, active_parallel_config, plain_parallel
 from .plan import Shard, default_num_shards, plan_shards
+from .prefetch import DEFAULT_PREFETCH
 from .runner import BaseRunner  # noqa: F401 - the doctest's base class
 from .stage import (DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S, Stage,
                     StageWork, _runner_control, _worker_setup, check_batch_size, code_identity)
@@ -65,7 +66,7 @@ def dispatch(runner: Any, indices: Iterable[int]) -> Any:
 def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | None = None, *,
         retries: int = DEFAULT_RETRIES, retry_delay_s: float | Iterable[float] = DEFAULT_RETRY_DELAY_S,
         on_error: str = "fail", max_failed_ratio: float = DEFAULT_MAX_FAILED_RATIO,
-        min_free_mb: float = DEFAULT_MIN_FREE_MB) -> Any:
+        min_free_mb: float = DEFAULT_MIN_FREE_MB, prefetch: int | bool = DEFAULT_PREFETCH) -> Any:
     """Run ``runner`` over ``indices`` as a run of the flow ``run-runner``; return ``runner.merge(...)``.
 
     ``runner``: any instance with a static or class-level ``forward`` and ESPnet3's attributes
@@ -75,7 +76,7 @@ def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | No
     ``parallel``: the ``parallel`` block (default: the one :func:`set_parallel` registered, else
     ``{env: local, n_workers: 1}``). ``retries``/``retry_delay_s`` (per shard task, never for bad
     input), ``on_error`` (``fail`` or ``skip``: failing items listed in ``failures.jsonl``) and
-    ``max_failed_ratio``/``min_free_mb`` mean what the ``runner:`` keys of the infer config mean.
+    ``max_failed_ratio``/``min_free_mb``/``prefetch`` mean what the ``runner:`` keys of the infer config mean.
 
     Without ``PREFECT_API_URL`` the embedded Prefect server serves the call (started and stopped
     around it); inside a running flow this is a subflow of it, on that flow's API.
@@ -84,7 +85,7 @@ def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | No
     if parallel is None:
         parallel = active_parallel_config() or DEFAULT_PARALLEL
     control = {"retries": retries, "retry_delay_s": retry_delay_s, "on_error": on_error,
-               "max_failed_ratio": max_failed_ratio, "min_free_mb": min_free_mb}
+               "max_failed_ratio": max_failed_ratio, "min_free_mb": min_free_mb, "prefetch": prefetch}
     job = prepare_job(runner, indices, parallel, control)
     importable_from_workers()
     if _in_flow():
@@ -176,9 +177,9 @@ def prepare_job(runner: Any, indices: Iterable[int], parallel: Any, control: dic
     work = StageWork(test_set=name, layout=layout, runner_cls=cls, env_key=f"{name}-{digest[:12]}",
                      fingerprint=digest, identity=identity, batch_size=batch_size, on_error=control["on_error"],
                      idx_key=str(getattr(runner, "idx_key", None) or "utt_id"),
-                     allow_overwrite_lock=spec.allow_overwrite_lock)
+                     allow_overwrite_lock=spec.allow_overwrite_lock, prefetch=control["prefetch"])
     stage = Stage(work=work, runner=runner, builder=None, resume=resume, num_shards=spec.num_shards,
-                  n_workers=spec.n_workers, **{k: v for k, v in control.items() if k != "on_error"})
+                  n_workers=spec.n_workers, **{k: v for k, v in control.items() if k not in ("on_error", "prefetch")})
     summary = {"runner": f"{cls.__module__}.{name}", "items": len(indices), "shards": len(shards),
                "batch_size": batch_size, "output_dir": str(runner.output_dir), "shard_subdir": shard_subdir,
                "resume": resume, "parallel": plain_parallel(parallel)}

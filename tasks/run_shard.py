@@ -67,7 +67,8 @@ def run_shard(work, shard: dict, force: bool = False) -> dict:
     result = run_shard_hooks(
         work.runner_cls, Shard(**shard), env, work.layout, on_error=work.on_error, idx_key=work.idx_key,
         marker={"fingerprint": work.fingerprint, "identity": work.identity, "flow_run_id": run_id},
-        flow_run_id=run_id, allow_overwrite_lock=work.allow_overwrite_lock, log=logger.warning)
+        flow_run_id=run_id, allow_overwrite_lock=work.allow_overwrite_lock, log=logger.warning,
+        prefetch=getattr(work, "prefetch", 0))
     logger.info("%s: %d items [%d, %d) in %.2f s", shard_dir.name, result["items"], shard["start"], shard["stop"],
                 result["seconds"])
     if result["failed"]:

@@ -54,6 +54,9 @@ CASES = [
     ("input_key in params and top level", _set("provider.params", {"input_key": "y"}), "provider.params.input_key: also set by the stage from the top-level config"),
     ("retries negative", _set("runner.retries", -1), "runner.retries: must be an integer >= 0"),
     ("resume not a bool", _set("runner.resume", "yes"), "runner.resume: must be true or false"),
+    ("prefetch negative", _set("runner.prefetch", -1), "runner.prefetch: must be an integer >= 0 (batches read ahead of forward; 0 or false: off), got -1"),
+    ("prefetch a word", _set("runner.prefetch", "auto"), "runner.prefetch: must be an integer >= 0"),
+    ("prefetch a fraction", _set("runner.prefetch", 1.5), "runner.prefetch: must be an integer >= 0"),
     ("address and env together", _set("parallel", {"address": "tcp://127.0.0.1:1", "env": "slurm"}), "parallel.env: conflicts with parallel.address"),
 ]
 
