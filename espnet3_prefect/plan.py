@@ -7,6 +7,12 @@ depends only on the item count and ``num_shards`` (default below), not on ``n_wo
 workers, so a run resumed with another worker count reuses every finished shard. Shards are coarse
 on purpose: a Prefect task costs milliseconds to tens of milliseconds on the flow side.
 
+When the dataset tells each item's cost (an optional ``lengths()``: durations, sample counts, one
+non-negative number per item), the boundaries are chosen on cumulative length instead of unit
+counts (:func:`balanced_cuts`): still contiguous, on batch boundaries, the same count, and the
+same plan for the same lengths; the lengths' fingerprint joins the stage identity, so changed
+lengths re-plan.
+
 The plan is persisted in upstream's ``manifest.json`` schema (:func:`write_manifest`).
 """
 
@@ -15,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Iterator, Union
+from typing import IO, Iterator, Sequence, Union
 
 from .atomic import atomic_open
 
@@ -80,30 +86,80 @@ def default_num_shards(n_items: int, n_workers: int, batch_size: int | None = No
 
 
 def plan_shards(test_set: str, n_items: int, num_shards: int, batch_size: int | None = None,
-                indices=None) -> list[Shard]:
+                indices=None, lengths: Sequence[float] | None = None) -> list[Shard]:
     """Split the units of ``range(n_items)`` (or of the explicit ``indices`` list, positions
-    ``0..n_items``) into ``num_shards`` contiguous runs whose unit counts differ by at most one;
-    boundaries fall on batch boundaries.
+    ``0..n_items``) into ``num_shards`` contiguous runs; boundaries fall on batch boundaries.
+
+    Without ``lengths`` the runs' unit counts differ by at most one. With ``lengths`` (one
+    non-negative number per item, checked by the caller) the runs have about equal total length
+    (:func:`balanced_cuts`); all-zero lengths plan as if there were none.
 
     >>> [(s.start, s.stop) for s in plan_shards("t", 7, 3)]
     [(0, 3), (3, 5), (5, 7)]
     >>> [(s.start, s.stop) for s in plan_shards("t", 13, 2, batch_size=4)]
     [(0, 8), (8, 13)]
+    >>> [(s.start, s.stop) for s in plan_shards("t", 6, 2, lengths=[1, 1, 1, 1, 1, 5])]
+    [(0, 5), (5, 6)]
     """
     if n_items <= 0:
         raise ValueError(f"test set {test_set!r}: cannot plan shards for {n_items} items")
     units = n_units(n_items, batch_size)
     num_shards = max(1, min(num_shards, units))
-    base, extra = divmod(units, num_shards)
     step = batch_size or 1
-    shards, first_unit = [], 0
+    cuts = balanced_cuts(unit_costs(lengths, n_items, step), num_shards) if lengths is not None else None
+    if cuts is None:
+        base, extra = divmod(units, num_shards)
+        cuts, edge = [0], 0
+        for index in range(num_shards):
+            edge += base + (1 if index < extra else 0)
+            cuts.append(edge)
+    shards = []
     for index in range(num_shards):
-        last_unit = first_unit + base + (1 if index < extra else 0)
-        start, stop = first_unit * step, min(last_unit * step, n_items)
+        start, stop = cuts[index] * step, min(cuts[index + 1] * step, n_items)
         own = None if indices is None else tuple(int(i) for i in indices[start:stop])
         shards.append(Shard(test_set, index, start, stop, batch_size, own))
-        first_unit = last_unit
     return shards
+
+
+def unit_costs(lengths: Sequence[float], n_items: int, step: int):
+    """The total length of each unit (``step`` consecutive items), as float64.
+
+    >>> unit_costs([1, 2, 3, 4, 5], 5, 2).tolist()
+    [3.0, 7.0, 5.0]
+    """
+    import numpy as np
+
+    values = np.asarray(lengths, dtype=np.float64)[:n_items]
+    return np.add.reduceat(values, np.arange(0, n_items, step)) if step > 1 else values
+
+
+def balanced_cuts(costs, num_shards: int) -> list[int] | None:
+    """Unit boundaries ``[0, c1, ..., len(costs)]`` splitting ``costs`` into ``num_shards`` contiguous,
+    non-empty runs whose totals are close to ``total / num_shards``: cut ``k`` goes where the
+    cumulative cost is nearest to ``k * total / num_shards`` (the lower cut on a tie). Pure float64
+    arithmetic in a fixed order, so the same costs always give the same cuts. None when every cost
+    is zero (nothing to balance on).
+
+    >>> balanced_cuts([1, 1, 1, 1, 4], 2), balanced_cuts([4, 1, 1, 1, 1], 2), balanced_cuts([0, 0], 2)
+    ([0, 4, 5], [0, 1, 5], None)
+    """
+    import numpy as np
+
+    cumulative = np.cumsum(np.asarray(costs, dtype=np.float64))
+    units = len(cumulative)
+    total = float(cumulative[-1]) if units else 0.0
+    if total <= 0:
+        return None
+    cuts = [0]
+    for k in range(1, num_shards):
+        target = total * k / num_shards
+        after = int(np.searchsorted(cumulative, target, side="left"))  # first unit reaching the target
+        cut = after + 1  # cut after that unit ...
+        if after > 0 and target - cumulative[after - 1] <= cumulative[after] - target:
+            cut = after  # ... or before it, when that is at least as close
+        cuts.append(min(max(cut, cuts[-1] + 1), units - (num_shards - k)))
+    cuts.append(units)
+    return cuts
 
 
 def write_manifest(path: Path, output_dir: str, shard_subdir: str, shards: list[Shard]) -> None:

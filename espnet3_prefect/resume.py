@@ -66,11 +66,11 @@ def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[dict | None, 
         return None, "config or code changed since the last merge"
     if sizing is None:
         return None, "the provider has no build_dataset() to size the test set without a cluster"
-    stage = stage.with_dataset(sizing.dataset_id)
+    stage = stage.with_dataset(sizing.dataset_id, sizing.lengths_id)
     n_items = sizing.n_items
     if record.get("fingerprint") != stage.work.fingerprint or record.get("n_items") != n_items:
-        return None, "the dataset changed since the last merge"
-    shards = plan_for(stage, n_items)
+        return None, "the dataset (or its lengths()) changed since the last merge"
+    shards = plan_for(stage, n_items, sizing.lengths)
     if len(shards) != record.get("num_shards"):
         return None, "the shard plan changed"
     for shard in shards:
@@ -85,8 +85,9 @@ def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[dict | None, 
             "seconds": time.perf_counter() - started, "workers": 0}, ""
 
 
-def plan_for(stage: Stage, n_items: int) -> list[Shard]:
-    """The stage's shard plan for ``n_items`` items (``parallel.num_shards`` or the default count)."""
+def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:
+    """The stage's shard plan for ``n_items`` items (``parallel.num_shards`` or the default count),
+    balanced on the dataset's ``lengths()`` when it has them."""
     batch_size = stage.work.batch_size
     count = stage.num_shards or default_num_shards(n_items, stage.n_workers, batch_size)
-    return plan_shards(stage.test_set, n_items, count, batch_size)
+    return plan_shards(stage.test_set, n_items, count, batch_size, lengths=lengths)

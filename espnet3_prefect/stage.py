@@ -15,6 +15,7 @@ import os
 import dataclasses
 import hashlib
 import inspect
+import numbers
 import threading
 import time
 from dataclasses import dataclass
@@ -102,21 +103,29 @@ class Stage:
         """config + code, before the dataset's own fingerprint joins (names the env on workers)."""
         return fingerprint({"config": self.work.identity["config"], "code": self.work.identity["code"]})
 
-    def with_dataset(self, dataset_id: str | None) -> "Stage":
-        """This stage with the dataset's own fingerprint (when it offers one) in its identity."""
-        if not dataset_id:
+    def with_dataset(self, dataset_id: str | None, lengths_id: str | None = None) -> "Stage":
+        """This stage with the dataset's own fingerprint (when it offers one) and the fingerprint of
+        its ``lengths()`` (when it has them: they decide the plan) in its identity."""
+        if not dataset_id and not lengths_id:
             return self
-        identity = {**self.work.identity, "dataset": dataset_id}
+        identity = dict(self.work.identity)
+        if dataset_id:
+            identity["dataset"] = dataset_id
+        if lengths_id:
+            identity["lengths"] = lengths_id
         work = dataclasses.replace(self.work, identity=identity, fingerprint=fingerprint(identity))
         return dataclasses.replace(self, work=work)
 
 
 @dataclass(frozen=True)
 class Sizing:
-    """What the plan needs to know of a test set's dataset."""
+    """What the plan needs to know of a test set's dataset: its length, its own fingerprint, and
+    each item's cost when the dataset has ``lengths()`` (float64 array, checked) with their sha256."""
 
     n_items: int
     dataset_id: str | None = None
+    lengths: Any = None
+    lengths_id: str | None = None
 
 
 def size_on_driver(stage: "Stage") -> Sizing | None:
@@ -134,7 +143,62 @@ def size_on_driver(stage: "Stage") -> Sizing | None:
         raise BadInputError(f"test set {stage.test_set!r}: dataset is empty; check the dataset manifest")
     params = getattr(provider, "params", None) or {}
     check_input_keys(dataset, params.get("input_key"), params.get("inference_contract"), stage.test_set)
-    return Sizing(n_items, dataset_id(dataset))
+    lengths = dataset_lengths(dataset, n_items, stage.test_set)
+    return Sizing(n_items, dataset_id(dataset), lengths, None if lengths is None else lengths_fingerprint(lengths))
+
+
+def dataset_lengths(dataset: Any, n_items: int, test_set: str) -> Any:
+    """``dataset.lengths()`` checked (one finite number >= 0 per item, in dataset order) as a float64
+    array, or None when the dataset has no ``lengths``. A bad one fails on one line.
+
+    >>> class D:
+    ...     def __len__(self): return 3
+    ...     def lengths(self): return [1.5, 0, 7]
+    >>> dataset_lengths(D(), 3, "t").tolist()
+    [1.5, 0.0, 7.0]
+    """
+    import numpy as np
+
+    method = getattr(dataset, "lengths", None)
+    if not callable(method) or not _callable_without_arguments(method):
+        return None  # not the protocol (an attribute, or a method that needs arguments): plan by counts
+    where = f"test set {test_set!r}: {type(dataset).__name__}.lengths()"
+    try:
+        raw = method()
+    except Exception as exc:  # noqa: BLE001 - named, on one line
+        raise BadInputError(f"{where} failed: {describe(exc)}") from None
+    if isinstance(raw, (str, bytes, Mapping)) or not hasattr(raw, "__len__"):
+        raise BadInputError(f"{where}: must return a sequence with one number per item, got {type(raw).__name__}")
+    values = np.asarray(raw) if not isinstance(raw, np.ndarray) else raw
+    if values.ndim != 1 or len(values) != n_items:
+        count = len(values) if values.ndim == 1 else f"an array of shape {values.shape}"
+        raise BadInputError(f"{where}: returned {count} values for {n_items} items (one number per item, "
+                            f"in dataset order)")
+    if values.dtype.kind not in "iuf":
+        bad = next((i for i, v in enumerate(raw) if isinstance(v, (bool, np.bool_))
+                    or not isinstance(v, (numbers.Real, np.integer, np.floating))), 0)
+        raise BadInputError(f"{where}[{bad}] is {raw[bad]!r} ({type(raw[bad]).__name__}): lengths must be numbers")
+    values = values.astype(np.float64)
+    bad_values = np.flatnonzero(~np.isfinite(values) | (values < 0))
+    if len(bad_values):
+        bad = int(bad_values[0])
+        raise BadInputError(f"{where}[{bad}] is {raw[bad]!r}: lengths must be finite numbers >= 0")
+    return values
+
+
+def _callable_without_arguments(method: Any) -> bool:
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
+
+
+def lengths_fingerprint(lengths: Any) -> str:
+    """sha256 of the checked lengths (float64, little-endian): the same lengths, the same plan."""
+    import numpy as np
+
+    return hashlib.sha256(np.ascontiguousarray(lengths, dtype="<f8").tobytes()).hexdigest()
 
 
 def check_input_keys(dataset: Any, input_key: Any, contract: Any, test_set: str) -> None:

@@ -127,8 +127,11 @@ def run_test_set(runner, stage: Stage, sizing: Sizing | None = None) -> dict:
     sized = runner.submit(build_env, {"work": stage.work, "builder": stage.builder}).result()
     if sizing is not None:
         sized = {**sized, "n_items": sizing.n_items, "dataset_id": sizing.dataset_id}
-    stage = stage.with_dataset(sized.get("dataset_id"))
-    shards = plan_for(stage, sized["n_items"])
+    stage = stage.with_dataset(sized.get("dataset_id"), sizing.lengths_id if sizing else None)
+    shards = plan_for(stage, sized["n_items"], sizing.lengths if sizing else None)
+    if sizing is not None and sizing.lengths is not None:
+        logger.info("%s: %d shards balanced on the dataset's lengths() (total %.6g)", stage.test_set, len(shards),
+                    float(sizing.lengths.sum()))
     layout = stage.layout
     removed = remove_stale(layout, len(shards))
     if removed:

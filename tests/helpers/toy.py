@@ -57,9 +57,22 @@ class ToyDataset:
         return item
 
 
+class LengthsToyDataset(ToyDataset):
+    """A toy dataset that tells each item's cost (``lengths()``, as a recipe's ``utt2dur`` would)."""
+
+    def __init__(self, n: int, bad: dict | None = None, version_file: str | None = None, lengths=()):
+        super().__init__(n, bad, version_file)
+        self._lengths = list(lengths)
+
+    def lengths(self):
+        return self._lengths
+
+
 class ToyOrganizer:
     def __init__(self, test=()):
-        self.test = {t["name"]: ToyDataset(t["n"], t.get("bad"), t.get("version_file")) for t in test}
+        self.test = {t["name"]: (LengthsToyDataset(t["n"], t.get("bad"), t.get("version_file"), t["lengths"])
+                                 if "lengths" in t else ToyDataset(t["n"], t.get("bad"), t.get("version_file")))
+                     for t in test}
 
 
 class ToyModel:
