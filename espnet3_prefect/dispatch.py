@@ -14,7 +14,7 @@ from typing import Any
 from .errors import Espnet3PrefectError, describe, is_retryable
 from .lock import RunLock, acquire
 from .plan import Shard
-from .report import Progress
+from .report import Progress, add_timing, empty_timing
 from .run_states import mark_flow_run_crashed, mark_task_run_crashed
 
 
@@ -25,21 +25,26 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
     retries exhausted) let the remaining shards finish, so their work is kept, then fail it.
 
     ``what`` names the stage in errors (default ``test set '<name>'``); ``kind`` heads the progress
-    artifact's description. Returns ``{"run", "cached", "failed", "jobs"}``.
+    artifact's description. Returns ``{"run", "cached", "failed", "jobs", "timing"}``; ``timing``
+    sums the shards run (:func:`espnet3_prefect.report.add_timing`) and adds ``busy_s`` (their
+    seconds) and ``wall_s`` (first submission to last result).
     """
+    import time
+
     from distributed import as_completed
 
     from .tasks.run_shard import run_shard
 
     what = what or f"test set {stage.test_set!r}"
     pending: dict = {}
+    submitted = time.perf_counter()
     for shard in shards:
         task = run_shard.with_options(result_storage=stage.layout.cache_dir, refresh_cache=redo[shard.index],
                                       retries=stage.retries, retry_delay_seconds=list(stage.retry_delay_s))
         future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]})
         pending[future.wrapped_future.key] = (future, shard)
     progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards), kind=kind)
-    counts: dict[str, Any] = {"run": 0, "cached": 0, "failed": 0, "jobs": set()}
+    counts: dict[str, Any] = {"run": 0, "cached": 0, "failed": 0, "jobs": set(), "timing": empty_timing()}
     failures = []
     for done in as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop):
         future, shard = pending.pop(done.key)
@@ -56,9 +61,12 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
         cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
         counts["cached" if cached else "run"] += 1
         counts["failed"] += result.get("failed", 0)
+        if not cached:
+            add_timing(counts["timing"], result)
         if result.get("job_id") and not cached:
             counts["jobs"].add(result["job_id"])
         progress.advance(shard.n_items)
+    counts["timing"]["wall_s"] = round(time.perf_counter() - submitted, 4)
     if failures:
         raise Espnet3PrefectError(f"{what}: {len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
     return counts

@@ -63,16 +63,81 @@ class Progress:
         self._last_pct = pct
 
 
+TIMING_KEYS = ("load_s", "wait_s", "forward_s", "write_s")
+
+
+def empty_timing() -> dict[str, Any]:
+    """Where a test set's shard time went, summed over the shards run (none yet)."""
+    return {"load_s": None, "wait_s": 0.0, "forward_s": 0.0, "write_s": 0.0, "busy_s": 0.0, "wall_s": 0.0,
+            "shards": 0}
+
+
+def add_timing(total: dict[str, Any], shard_summary: dict[str, Any]) -> dict[str, Any]:
+    """Add one shard's ``timing`` (see :class:`espnet3_prefect.prefetch.Timing`) and its seconds to ``total``.
+
+    >>> t = add_timing(empty_timing(), {"seconds": 2.0, "timing": {"load_s": 1.0, "wait_s": 0.1,
+    ...                                  "forward_s": 1.5, "write_s": 0.2}})
+    >>> t["load_s"], t["forward_s"], t["busy_s"], t["shards"]
+    (1.0, 1.5, 2.0, 1)
+    """
+    timing = shard_summary.get("timing") or {}
+    for key in TIMING_KEYS:
+        value = timing.get(key)
+        if value is not None:
+            total[key] = round((total.get(key) or 0.0) + float(value), 4)
+    total["busy_s"] = round(total.get("busy_s", 0.0) + float(shard_summary.get("seconds") or 0.0), 4)
+    total["shards"] = total.get("shards", 0) + 1
+    return total
+
+
+def utilisation(timing: dict[str, Any] | None, workers: int) -> float | None:
+    """Share of the workers' time spent in shards while the test set's shards ran (None: none ran).
+
+    >>> utilisation({"busy_s": 9.0, "wall_s": 5.0}, 2)
+    0.9
+    """
+    if not timing or not timing.get("busy_s") or not timing.get("wall_s") or not workers:
+        return None
+    return round(min(1.0, timing["busy_s"] / (workers * timing["wall_s"])), 3)
+
+
+def bound_by(timing: dict[str, Any] | None) -> str:
+    """What limits the shards: ``data loading`` when reading items takes longer than the shard loop's
+    own work (forward + writing, which prefetch overlaps it with), else the larger of ``model`` and
+    ``writing``; empty when no shard ran.
+
+    >>> bound_by({"busy_s": 1, "load_s": 5.0, "forward_s": 3.0, "write_s": 1.0}), bound_by({"busy_s": 1,
+    ...     "load_s": None, "forward_s": 3.0, "write_s": 1.0})
+    ('data loading', 'model')
+    """
+    if not timing or not timing.get("busy_s"):
+        return ""
+    forward, write = timing.get("forward_s") or 0.0, timing.get("write_s") or 0.0
+    load = timing.get("load_s")
+    if load is not None and load > forward + write:
+        return "data loading"
+    return "writing" if write > forward else "model"
+
+
 def summary_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One table row per test set: shards run / cached, items, seconds, items/s."""
+    """One table row per test set: shards run / cached, items, seconds, items/s, and where the shards'
+    time went (loading, waiting for data, forward, writing; worker utilisation; what bounds it)."""
     rows = []
     for s in summaries:
         seconds = s["seconds"]
+        timing = s.get("timing") or {}
+        load = timing.get("load_s")
         rows.append({
             "test_set": s["test_set"], "shards": s["shards"], "shards_run": s["shards_run"],
             "shards_cached": s["shards_cached"], "items": s["items"], "failed": s.get("failed", 0),
             "seconds": round(seconds, 2),
             "items_per_s": round(s["items"] / seconds, 1) if seconds > 0 else 0.0,
+            "load_s": None if load is None else round(load, 2),
+            "wait_s": round(timing.get("wait_s") or 0.0, 2),
+            "forward_s": round(timing.get("forward_s") or 0.0, 2),
+            "write_s": round(timing.get("write_s") or 0.0, 2),
+            "utilisation": utilisation(timing, s.get("workers") or 0),
+            "bound": bound_by(timing),
         })
     return rows
 
@@ -82,16 +147,39 @@ def publish_summary(summaries: list[dict[str, Any]]) -> None:
     from prefect.artifacts import create_table_artifact
 
     create_table_artifact(table=summary_rows(summaries), key="infer-summary",
-                          description="infer: per test set shards, items, seconds, items/s")
+                          description="infer: per test set shards, items, seconds, items/s; time in shards "
+                                      "(s, summed over workers): loading items, waiting for them, forward, "
+                                      "writing; worker utilisation; what bounds the run")
+
+
+def timing_line(row: dict[str, Any]) -> str:
+    """``time in shards: load 8.1 s (waited 0.3 s), forward 14.2 s, write 0.6 s; workers 91% busy; bound by model``.
+
+    >>> timing_line({"shards_run": 1, "load_s": None, "wait_s": 0.0, "forward_s": 2.0, "write_s": 0.5,
+    ...              "utilisation": 0.5, "bound": "model"})
+    'time in shards: forward 2.0 s (item reads included), write 0.5 s; workers 50% busy; bound by model'
+    """
+    if not row["shards_run"]:
+        return ""
+    if row["load_s"] is None:
+        parts = [f"forward {row['forward_s']} s (item reads included)"]
+    else:
+        parts = [f"load {row['load_s']} s (waited {row['wait_s']} s)", f"forward {row['forward_s']} s"]
+    parts.append(f"write {row['write_s']} s")
+    busy = f"; workers {round(100 * row['utilisation'])}% busy" if row["utilisation"] is not None else ""
+    return f"time in shards: {', '.join(parts)}{busy}; bound by {row['bound']}"
 
 
 def format_summary(summaries: list[dict[str, Any]]) -> str:
-    """The closing summary for the terminal: one line per test set plus its output files."""
+    """The closing summary for the terminal: one line per test set, where its time went, its output files."""
     lines = []
     for row, s in zip(summary_rows(summaries), summaries):
         failed = f", {row['failed']} failed (skipped)" if row["failed"] else ""
         lines.append(f"{row['test_set']}: {row['items']} items, {row['shards_run']} shards run, "
                      f"{row['shards_cached']} cached{failed}, {row['seconds']} s ({row['items_per_s']} items/s)")
+        timing = timing_line(row)
+        if timing:
+            lines.append(f"    {timing}")
         for name, path in sorted((s.get("outputs") or {}).items()):
             lines.append(f"    {name}: {path}")
     return "\n".join(lines)

@@ -149,4 +149,4 @@ def run_test_set(runner, stage: Stage, sizing: Sizing | None = None) -> dict:
     return {"test_set": stage.test_set, "shards": len(shards), "items": sized["n_items"],
             "shards_run": outcome["run"], "shards_cached": outcome["cached"], "failed": outcome["failed"],
             "jobs": sorted(outcome["jobs"]), "seconds": time.perf_counter() - started, "outputs": outputs,
-            "workers": sized["workers"]}
+            "workers": sized["workers"], "timing": outcome["timing"]}

@@ -48,7 +48,7 @@ def run_runner(job: Any) -> Any:
             logger.info("removed shard folders beyond the plan: %s", ", ".join(removed[:10]))
         write_manifest(layout.manifest, str(job.runner.output_dir), layout.shard_subdir, shards)
         redo = shards_to_redo(stage, shards, logger.info)
-        outcome: dict[str, Any] = {"run": 0, "cached": len(shards), "failed": 0, "jobs": set()}
+        outcome: dict[str, Any] = {"run": 0, "cached": len(shards), "failed": 0, "jobs": set(), "timing": None}
         workers = 0
         if any(redo.values()):
             logger.info("%s: %d items in %d shards; parallel: env=%s n_workers=%d", job.name, job.n_items,
@@ -66,7 +66,8 @@ def run_runner(job: Any) -> Any:
         lock.release()
     summary = {"test_set": job.name, "shards": len(shards), "items": job.n_items, "shards_run": outcome["run"],
                "shards_cached": outcome["cached"], "failed": outcome["failed"], "jobs": sorted(outcome["jobs"]),
-               "seconds": time.perf_counter() - started, "outputs": {}, "workers": workers}
+               "seconds": time.perf_counter() - started, "outputs": {}, "workers": workers,
+               "timing": outcome["timing"]}
     _publish(summary)
     logger.info("summary: %s", format_summary([summary]))
     return result

@@ -133,3 +133,32 @@ def test_task_runs_are_named_after_shards_and_artifacts_are_published(prefect_se
     assert {a.type for a in mine} >= {"table", "progress"}
     table = next(a for a in mine if a.type == "table")
     assert "shards_run" in str(table.data) and "items_per_s" in str(table.data)
+
+
+def test_lengths_balance_the_plan_prefetch_keeps_outputs_and_timing_reaches_the_summary(prefect_server, tmp_path):
+    """A dataset with lengths(): shards cut on cumulative length (same outputs as counted shards);
+    prefetch on (default) and off give the same bytes; changed lengths re-plan and redo every shard;
+    the summary says where the shards' time went."""
+    import json
+
+    [plain] = run_infer(tmp_path / "plain", toy_config(tmp_path / "plain", n=20, num_shards=4),
+                        overrides=["+runner.prefetch=0"])
+    expected = (tmp_path / "plain/inference/test_a/y.scp").read_bytes()
+    assert plain["timing"]["load_s"] is None  # prefetch off: loading is inside forward
+    cfg = toy_config(tmp_path, n=20, num_shards=4)
+    cfg["dataset"]["test"][0]["lengths"] = [1.0] * 16 + [8.0] * 4  # total 48: a quarter is 12
+    [first] = run_infer(tmp_path, cfg)
+    out = tmp_path / "inference/test_a"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(s["items"][0], s["items"][-1]) for s in manifest["shards"]] == [(0, 11), (12, 16), (17, 17), (18, 19)]
+    assert (out / "y.scp").read_bytes() == expected
+    timing = first["timing"]
+    assert first["shards_run"] == 4 and timing["shards"] == 4 and timing["load_s"] is not None
+    assert timing["busy_s"] > 0 and timing["wall_s"] > 0 and timing["forward_s"] > 0
+    assert json.loads((out / "split.0/done").read_text())["timing"]["prefetch"] == 2
+
+    [again] = run_infer(tmp_path, cfg)
+    assert again["shards_run"] == 0
+    cfg["dataset"]["test"][0]["lengths"] = [8.0] * 4 + [1.0] * 16
+    [replanned] = run_infer(tmp_path, cfg)
+    assert replanned["shards_run"] == 4 and (out / "y.scp").read_bytes() == expected
