@@ -1,8 +1,12 @@
-"""Baselines the infer flow is measured against, on the same recipe and the same shard files.
+"""Baselines the infer flow is measured against, on the same recipe and the same shard plan.
 
-- ``sequential``: one loop in this process (build env, forward every item, write).
-- ``plain_dask``: ESPnet3's own design: a LocalCluster, a WorkerPlugin that builds the env once per
-  worker, ``client.map`` over the same shards, the driver concatenates the shard files.
+- ``sequential``: one loop in this process (build env, forward every unit, write).
+- ``plain_dask``: ESPnet3 202611's own design (``BaseRunner._run_parallel_dask``): a LocalCluster, a
+  WorkerPlugin that builds the env once per worker, ``client.map`` over the shards, each shard run
+  as upstream's ``_run_one_shard`` does (``init_state``, then ``forward`` + ``reduce_state`` per unit,
+  serially, ``finalize_state``, an empty ``done``), and the driver concatenating the shard files.
+
+Both drive the runner class through its public hooks only, so they write the same files as the flow.
 """
 
 from __future__ import annotations
@@ -23,35 +27,54 @@ _ENV: dict = {}
 class _Env(WorkerPlugin):
     name = "bench-env"
 
-    def __init__(self, provider):
-        self.provider = provider
+    def __init__(self, provider, out_dir: str):
+        self.provider, self.out_dir = provider, out_dir
 
     def setup(self, worker):
-        _ENV["env"] = self.provider.build_env_local()
+        env = dict(self.provider.build_env_local())
+        env.setdefault("output_dir", self.out_dir)
+        _ENV["env"] = env
 
 
-def _shard(runner, shard, out_dir: str) -> str:
-    path = Path(out_dir) / f"split.{shard.index}"
-    path.mkdir(parents=True, exist_ok=True)
-    runner.write_shard(path, range(shard.start, shard.stop), _ENV["env"])
-    return str(path / "y.scp")
+def run_one_shard(runner_cls: type, shard_id: int, units, env: dict) -> str:
+    """Upstream's shard loop: no prefetch, no markers with checksums, nothing around the hooks."""
+    state = runner_cls.init_state(shard_id=shard_id, **env)
+    shard_dir = Path(state["shard_dir"])
+    for unit in units:
+        result = runner_cls.forward(unit, **env)
+        state = runner_cls.reduce_state(state, result, shard_id=shard_id, **env)
+    runner_cls.finalize_state(state, shard_id=shard_id, **env)
+    (shard_dir / "done").write_text("", encoding="utf-8")
+    return str(shard_dir)
 
 
-def sequential(stage: Stage, n_items: int, out_dir: Path) -> float:
+def _shard(runner_cls, shard) -> str:
+    return run_one_shard(runner_cls, shard.index, list(shard.units()), _ENV["env"])
+
+
+def _merge(shard_dirs: list[Path], out_dir: Path, fields) -> None:
+    for field in fields:
+        concat_files([d / f"{field}.scp" for d in shard_dirs], out_dir / f"{field}.scp")
+
+
+def sequential(stage: Stage, n_items: int, out_dir: Path, fields=("y",)) -> float:
     started = time.perf_counter()
-    env = stage.runner.provider.build_env_local()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stage.runner.write_shard(out_dir, range(n_items), env)
+    env = dict(stage.runner.provider.build_env_local())
+    env["output_dir"] = str(out_dir)
+    [shard] = plan_shards(stage.test_set, n_items, 1, stage.work.batch_size)
+    shard_dir = Path(run_one_shard(stage.work.runner_cls, 0, list(shard.units()), env))
+    _merge([shard_dir], out_dir, fields)
     return time.perf_counter() - started
 
 
-def plain_dask(stage: Stage, n_items: int, n_workers: int, num_shards: int, out_dir: Path) -> float:
+def plain_dask(stage: Stage, n_items: int, n_workers: int, num_shards: int, out_dir: Path, fields=("y",),
+               lengths=None) -> float:
     started = time.perf_counter()
-    shards = plan_shards(stage.test_set, n_items, num_shards)
+    shards = plan_shards(stage.test_set, n_items, num_shards, stage.work.batch_size, lengths=lengths)
     with LocalCluster(n_workers=n_workers, threads_per_worker=1, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
-        client.register_plugin(_Env(stage.runner.provider))
-        futures = client.map(_shard, [stage.runner] * len(shards), shards, [str(out_dir)] * len(shards))
+        client.register_plugin(_Env(stage.runner.provider, str(out_dir)))
+        futures = client.map(_shard, [stage.work.runner_cls] * len(shards), shards, pure=False)
         parts = client.gather(futures)
-    concat_files([Path(p) for p in parts], out_dir / "y.scp")
+    _merge([Path(p) for p in parts], out_dir, fields)
     return time.perf_counter() - started
