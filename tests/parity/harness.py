@@ -5,7 +5,7 @@ Runs are named by keys and cached for the session:
 | key | what |
 |---|---|
 | ``("up", recipe)`` | upstream ``infer()`` via ``tests.parity.oracle`` in ``.venv-parity``, 1 worker |
-| ``("ours", recipe, venv, n)`` | ``espnet3-prefect infer ... parallel.n_workers=n`` in ``venv`` (``venv``: espnet3 not importable, ``parity``: importable) |
+| ``("ours", recipe, venv, n, *overrides)`` | ``espnet3-prefect infer ... parallel.n_workers=n [overrides]`` in ``venv`` (``venv``: espnet3 not importable, ``parity``: importable) |
 | ``("up_on_ours", recipe, venv, n)`` | upstream ``infer()`` on a copy of the folder ``("ours", recipe, venv, n)`` wrote |
 | ``("ours_on_up", recipe, venv, n)`` | ours on a copy of the folder ``("up", recipe)`` wrote |
 | ``("measure_up", case)`` / ``("measure_ours", case, venv)`` | metrics on a copy of an upstream inference folder |
@@ -35,6 +35,9 @@ RUN_TIMEOUT_S = float(os.environ.get("E3P_PARITY_TIMEOUT", "300"))
 # Orchestration-only setting of ours (Prefect task retries): a failing shard fails at once instead
 # of retrying with delays; it changes nothing a hook sees or an output holds.
 OURS_EXTRA = ("+runner.retries=0",)
+# Two shards of several items each, so the shard loop reads ahead (prefetch, on by default, needs a
+# shard of two units or more; with its default plan a 13-item set gets one item per shard).
+PREFETCH_ENGAGED = "+parallel.num_shards=2"
 
 
 @dataclass(frozen=True)
@@ -241,9 +244,9 @@ class ParityRuns:
         return self._run(key, cmd, cwd, inference_dir, self._hook_env(recipe, cwd))
 
     def _ours_infer(self, key: tuple, recipe: Recipe, venv: str, n: int, cwd: Path, config: str,
-                    inference_dir: str, overrides: list[str]) -> RunResult:
+                    inference_dir: str, overrides: list[str], extra: tuple = ()) -> RunResult:
         cmd = [venv_python(venv), "-m", "espnet3_prefect.cli", "infer", "--config", config, *overrides,
-               f"parallel.n_workers={n}", *OURS_EXTRA]
+               f"parallel.n_workers={n}", *OURS_EXTRA, *extra]
         return self._run(key, cmd, cwd, inference_dir, self._hook_env(recipe, cwd))
 
     def _copy_of(self, key: tuple, recipe: Recipe, source: RunResult) -> tuple[Path, str, list[str]]:
@@ -268,7 +271,7 @@ class ParityRuns:
         if kind == "ours":
             recipe, venv, n = RECIPES[key[1]], key[2], key[3]
             cwd, config, inference_dir, overrides = self._workspace(key, recipe)
-            return self._ours_infer(key, recipe, venv, n, cwd, config, inference_dir, overrides)
+            return self._ours_infer(key, recipe, venv, n, cwd, config, inference_dir, overrides, key[4:])
         if kind == "up_on_ours":
             recipe = RECIPES[key[1]]
             source = self.get(("ours", *key[1:]))
@@ -521,6 +524,10 @@ def keys_for(test: str, params: dict[str, Any]) -> list[tuple]:
         return [("ours_on_up", recipe, venv, n)]
     if test == "test_hook_arguments_match_upstream":
         return [("up", "hooks"), ("ours", "hooks", venv, 1)]
+    if test == "test_infer_matches_upstream_with_prefetch":
+        return [("up", recipe), ("ours", recipe, venv, 1, PREFETCH_ENGAGED)]
+    if test == "test_hooks_get_the_same_arguments_with_prefetch":
+        return [("up", "hooks"), ("ours", "hooks", venv, 1, PREFETCH_ENGAGED)]
     if test == "test_oracle_measure_runs":
         return [("measure_up", params["case"])]
     if test in ("test_metrics_json_matches_upstream", "test_metrics_files_match_upstream"):

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from .harness import (OUTPUT_RECIPES, RECIPES, RunResult, compare_outputs, hook_calls, manifest_problems,
-                      run_roots, top_files)
+from .harness import (OUTPUT_RECIPES, PREFETCH_ENGAGED, RECIPES, RunResult, compare_outputs, hook_calls,
+                      manifest_problems, run_roots, top_files)
 
 pytestmark = [pytest.mark.parity, pytest.mark.slow]
 
@@ -154,8 +154,40 @@ ENV_BUILDERS = ("provider.build_env_local", "provider.build_worker_setup_fn")
 def test_hook_arguments_match_upstream(runs, venv):
     """A recorder runner/provider logs every hook call; ours must make the same calls with the same
     positional and keyword arguments (paths, shard numbers and shard counts normalized)."""
-    up = upstream(runs, "hooks")
-    ours = runs.get(("ours", "hooks", venv, 1))
+    _same_hook_calls(upstream(runs, "hooks"), runs.get(("ours", "hooks", venv, 1)))
+
+
+@pytest.mark.parametrize("venv", VENVS)
+def test_hooks_get_the_same_arguments_with_prefetch(runs, venv):
+    """The same, with shards of several items, so forward gets the prefetch view of the dataset: its
+    type, arguments and every other hook's arguments are upstream's."""
+    ours = runs.get(("ours", "hooks", venv, 1, PREFETCH_ENGAGED))
+    _assert_prefetched(ours, "test_a")
+    _same_hook_calls(upstream(runs, "hooks"), ours)
+
+
+def _assert_prefetched(ours: RunResult, test: str) -> None:
+    require_ok(ours, "espnet3-prefect infer with prefetch engaged")
+    markers = sorted(ours.test_dir(test).glob("split.*/done"))
+    depths = {json.loads(m.read_text())["timing"]["prefetch"] for m in markers}
+    assert markers and depths == {2}, f"prefetch did not engage: depths {depths} in {len(markers)} markers"
+
+
+PREFETCH_MATRIX = [(recipe, venv) for recipe in ("stock", "batching", "contract", "writer_hooks") for venv in VENVS]
+
+
+@pytest.mark.parametrize("recipe,venv", PREFETCH_MATRIX, ids=[ids(p) for p in PREFETCH_MATRIX])
+def test_infer_matches_upstream_with_prefetch(runs, need_fsdd, recipe, venv):
+    """Every merged file is byte-identical to upstream's with the next items read ahead."""
+    need_fsdd(recipe)
+    up = upstream(runs, recipe)
+    ours = runs.get(("ours", recipe, venv, 1, PREFETCH_ENGAGED))
+    _assert_prefetched(ours, RECIPES[recipe].test)
+    diffs = compare_outputs(up, ours, RECIPES[recipe].test)
+    assert not diffs, f"outputs differ from upstream with prefetch:\n  {report(diffs)}"
+
+
+def _same_hook_calls(up: RunResult, ours: RunResult) -> None:
     up_calls = hook_calls(up.cwd / "hooks.jsonl", run_roots(up))
     our_calls = hook_calls(ours.cwd / "hooks.jsonl", run_roots(ours))
     diffs = []
