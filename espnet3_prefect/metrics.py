@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .atomic import atomic_open
 from .errors import ConfigError, MissingExtraError
 from .scp import aligned_values, chunked
+from .util import is_int
 
 # -- text cleaning ---------------------------------------------------------------------------------
 
@@ -120,7 +121,7 @@ class ErrorRate(Metric):
                  chunk_size: int = 1000, alignment: bool = True):
         if not isinstance(ref_key, str) or not isinstance(hyp_key, str) or not ref_key or not hyp_key:
             raise ConfigError(f"{self.name}: ref_key and hyp_key must be non-empty strings, got {ref_key!r}, {hyp_key!r}")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        if not is_int(chunk_size) or chunk_size < 1:
             raise ConfigError(f"{self.name}: chunk_size must be a positive integer, got {chunk_size!r}")
         self.ref_key, self.hyp_key = ref_key, hyp_key
         self.clean_types = clean_types
