@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from espnet3_prefect import ConfigError, MissingExtraError, ParallelSpec, build_task_runner
-from espnet3_prefect.parallel import check_gpu_count, cluster_kwargs, visible_gpu_count
+from espnet3_prefect.backends import cluster_kwargs
+from espnet3_prefect.backends.local import check_gpu_count, visible_gpu_count
+from espnet3_prefect.errors import ConfigError, MissingExtraError
+from espnet3_prefect.parallel import ParallelSpec, build_task_runner
 
 
 def test_local_defaults_bind_loopback_and_user_options_win():
