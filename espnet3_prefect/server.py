@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,8 +21,10 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+from ._proc import pid_alive, stop_group
 from .atomic import atomic_write_text
 from .errors import Espnet3PrefectError
+from .util import read_json
 
 log = logging.getLogger("espnet3_prefect")
 DEFAULT_STATE_DIR = "~/.espnet3-prefect"
@@ -54,17 +55,8 @@ def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _prefect_executable() -> str:
+def prefect_executable() -> str:
+    """The ``prefect`` command installed next to this Python (else the one on PATH)."""
     beside = Path(sys.executable).with_name("prefect")
     found = str(beside) if beside.exists() else shutil.which("prefect")
     if not found:
@@ -80,7 +72,7 @@ def start_server(home: Path, port: int | None = None, ui: bool = True) -> tuple[
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false"}
     env.pop("PREFECT_API_URL", None)
-    cmd = [_prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     log.info("starting Prefect server: %s", " ".join(cmd))
     logfile = open(home / "server.log", "ab")
     proc = subprocess.Popen(cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
@@ -100,26 +92,13 @@ def start_server(home: Path, port: int | None = None, ui: bool = True) -> tuple[
 
 def stop_server(pid: int, timeout_s: float = 20) -> None:
     """Stop the server process group started by :func:`start_server` (TERM, then KILL)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            if not pid_alive(pid):
-                return
-            time.sleep(0.2)
+    stop_group(pid, timeout_s)
 
 
-def _running(home: Path) -> dict | None:
-    try:
-        info = json.loads((home / "server.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if pid_alive(info.get("pid", -1)) and healthy(info.get("api_url", "")):
+def running_server(home: Path) -> dict | None:
+    """``{"pid", "api_url", "ui_url"}`` of the server recorded in ``home`` while it is alive and healthy."""
+    info = read_json(home / "server.json")
+    if isinstance(info, dict) and pid_alive(info.get("pid", -1)) and healthy(info.get("api_url", "")):
         return info
     return None
 
@@ -155,7 +134,7 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
     (home / "users").mkdir(exist_ok=True)
     me = home / "users" / str(os.getpid())
     me.touch()
-    info = _running(home)
+    info = running_server(home)
     proc = None
     if info is None:
         proc, url = start_server(home, ui=ui)

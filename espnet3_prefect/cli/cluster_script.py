@@ -17,25 +17,25 @@ import argparse
 import sys
 from pathlib import Path
 
-def add_cluster_script_parser(sub) -> None:
-    """Register the ``cluster-script`` subcommand on ``sub`` (an argparse subparsers object)."""
+from .common import add_config, configs_of
+
+
+def register(sub) -> None:
     parser = sub.add_parser("cluster-script", help="print the job script the parallel block would submit (submits nothing)",
                             description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", nargs="+", required=True, metavar="FILE_OR_OVERRIDE",
-                        help="config files merged left to right, then key=value overrides")
-    parser.add_argument("extra", nargs="*", help="more config files or key=value overrides")
-    parser.set_defaults(run=run_cluster_script)
+    add_config(parser)
+    parser.set_defaults(handler=run_cluster_script)
 
 
 def cluster_preview(cfg) -> tuple[str, str]:
     """``(kind, text)`` for a loaded config: ``("job script", ...)`` or ``("yaml", ...)``."""
     from omegaconf import OmegaConf
 
-    from . import backends
-    from .backends.base import ClusterContext
-    from .backends.jobs import JOB_PREFIX, default_log_directory
-    from .backends.preview import dump_yaml
-    from .parallel import ParallelSpec
+    from .. import backends
+    from ..backends.base import ClusterContext
+    from ..backends.jobs import JOB_PREFIX, default_log_directory
+    from ..backends.preview import dump_yaml
+    from ..parallel import ParallelSpec
 
     block = cfg.get("parallel")
     spec = ParallelSpec.from_config(OmegaConf.to_container(block, resolve=True) if block else None)
@@ -49,10 +49,9 @@ def cluster_preview(cfg) -> tuple[str, str]:
 
 
 def run_cluster_script(args: argparse.Namespace) -> int:
-    from .cli import split_args
-    from .config import load_config
+    from ..config import load_config
 
-    configs, overrides = split_args([*args.config, *args.extra])
+    configs, overrides = configs_of(args)
     kind, text = cluster_preview(load_config(configs, overrides))
     if kind == "job script":
         print("# job name and scheduler address are set per flow run; nothing was submitted", file=sys.stderr)
