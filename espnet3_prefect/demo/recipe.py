@@ -10,7 +10,8 @@ import hashlib
 from pathlib import Path
 from typing import Any, Sequence
 
-from .dtmf import DTMFDecoder, collate, make_corpus, read_corpus, read_wav
+from .decoder import DTMFDecoder, collate
+from .dtmf import make_corpus, read_corpus, read_wav
 
 # test set name -> (utterances, noise level dB, seed)
 DEMO_TEST_SETS = {"test_clean": (300, -35.0, 1), "test_noisy": (200, -22.0, 2)}

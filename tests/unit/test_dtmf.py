@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from espnet3_prefect.demo.decoder import DTMFDecoder, collapse, collate
 from espnet3_prefect.demo.dtmf import (
     DTMF_FREQS_HZ,
     KEYS,
-    DTMFDecoder,
-    collapse,
-    collate,
     make_corpus,
     read_corpus,
     read_wav,
