@@ -342,10 +342,10 @@ def test_own_cluster_from_cluster_kwargs(api, kind, processes):
 def test_a_crash_inside_a_task_is_captured_as_crashed(api, kind):
     @task
     def interrupted():
-        raise KeyboardInterrupt()  # in a worker thread; a worker process would be torn down instead
+        raise KeyboardInterrupt()  # the worker process goes down with it, after Prefect recorded the crash
 
-    runner = own_runner(kind, cluster_kwargs={"processes": False})
-    with runner:
+    runner = own_runner(kind)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), runner:
         future = runner.submit(interrupted, parameters={}, wait_for=[])
         future.wait()
         assert future.state.type == StateType.CRASHED
