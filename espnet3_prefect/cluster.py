@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from . import backends
 from .backends.base import Backend, ClusterContext
-from .backends.jobs import current_flow_run_id, default_log_directory, run_job_name, run_tag, tag_of
+from .backends.jobs import current_flow_run_id, run_job_name, run_tag, tag_of
 from .backends.watcher import JobWatcher
 from .errors import ConfigError, Espnet3PrefectError, one_line
 from .parallel import ParallelSpec, build_task_runner
@@ -54,7 +54,7 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[
             yield runner
         return
     job_name = run_job_name(spec.options.get("job_name"), current_flow_run_id())
-    log_dir = Path(spec.options.get("log_directory") or default_log_directory(log_root, job_name))
+    log_dir = Path(backend.log_directory(spec, log_root, job_name))
     submit_errors: list = []
     runner = build_task_runner(spec, ClusterContext(job_name=job_name, log_directory=str(log_dir),
                                                     submit_errors=submit_errors))

@@ -134,6 +134,12 @@ class JobqueueBackend(Backend):
             kwargs["job_cls"] = recording_job_class(self.load_cluster_class().job_cls, context.submit_errors)
         return kwargs
 
+    def log_directory(self, spec, log_root, job_name: str) -> str:
+        """Where this run's job logs go: ``options.log_directory``, else ``<log_root>/.dask-jobs/<job name>``."""
+        from .jobs import default_log_directory
+
+        return str(spec.options.get("log_directory") or default_log_directory(log_root, job_name))
+
     def add_log_options(self, options: dict, log_dir: str | None, job_name: str) -> None:
         """Schedulers whose dask-jobqueue script ignores ``log_directory`` name the files here."""
 

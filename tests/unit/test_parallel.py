@@ -60,3 +60,11 @@ def test_managed_and_misplaced_options_are_rejected():
         ParallelSpec.from_config({"options": {"asynchronous": True}})
     with pytest.raises(ConfigError, match="parallel.options.n_workers: set parallel.n_workers instead"):
         ParallelSpec.from_config({"options": {"n_workers": 2}})
+
+
+def test_allow_overwrite_lock_is_espnet3s_boolean():
+    assert ParallelSpec.from_config({"env": "local", "allow_overwrite_lock": True}).allow_overwrite_lock is True
+    assert ParallelSpec.from_config({"env": "local"}).allow_overwrite_lock is False
+    assert ParallelSpec.from_config({"address": "tcp://127.0.0.1:8786", "allow_overwrite_lock": False}).address
+    with pytest.raises(ConfigError, match="^parallel.allow_overwrite_lock: must be true or false, got 'yes'$"):
+        ParallelSpec.from_config({"allow_overwrite_lock": "yes"})
