@@ -85,43 +85,62 @@ def settings_shipped_apart() -> Iterator[tuple[str, dict] | None]:
 
 # ----------------------------------------------------------------------------- worker side
 
-_WORKER_CONTEXTS: dict[str, tuple[SettingsContext, SyncClientContext]] = {}
+WORKER_CONTEXTS_KEPT = 4  # settings objects (and their API clients) a worker process keeps
+
+
+class _WorkerContexts:
+    """The driver's settings rebuilt in this worker process, and one API client made under them."""
+
+    def __init__(self, payload: dict):
+        self.settings = SettingsContext(**payload)
+        token = SettingsContext.__var__.set(self.settings)
+        try:
+            self.client = SyncClientContext()  # its API URL, key and TLS options: these settings'
+            self.client.client.__enter__()
+        finally:
+            SettingsContext.__var__.reset(token)
+        self.users = 0
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.client.__exit__(None, None, None)
+
+
+_WORKER_CONTEXTS: dict[str, _WorkerContexts] = {}  # by settings key, oldest first
 _WORKER_LOCK = threading.Lock()
 
 
-def _worker_contexts(settings: tuple[str, dict]) -> tuple[SettingsContext, SyncClientContext]:
-    """The driver's settings, rebuilt once per worker process, and one API client made under them."""
+@contextlib.contextmanager
+def _worker_contexts(settings: tuple[str, dict]) -> Iterator[_WorkerContexts]:
+    """Built once per settings key and process; the oldest unused ones beyond a few are closed."""
     key, payload = settings
     with _WORKER_LOCK:
-        hit = _WORKER_CONTEXTS.get(key)
-        if hit is None:
-            settings_context = SettingsContext(**payload)
-            token = SettingsContext.__var__.set(settings_context)
-            try:
-                client_context = SyncClientContext()  # its API URL, key and TLS options: these settings'
-                client_context.client.__enter__()
-            finally:
-                SettingsContext.__var__.reset(token)
-            hit = _WORKER_CONTEXTS[key] = (settings_context, client_context)
-        return hit
+        entry = _WORKER_CONTEXTS.pop(key, None) or _WorkerContexts(payload)
+        _WORKER_CONTEXTS[key] = entry  # newest last
+        entry.users += 1
+        for old_key in list(_WORKER_CONTEXTS)[:-WORKER_CONTEXTS_KEPT]:
+            if _WORKER_CONTEXTS[old_key].users == 0:
+                _WORKER_CONTEXTS.pop(old_key).close()
+    try:
+        yield entry
+    finally:
+        with _WORKER_LOCK:
+            entry.users -= 1
 
 
 def run_prefect_task(task, *, settings: tuple[str, dict] | None, **run_task_kwargs):
     """Run a Prefect task on a Dask worker under the driver's settings and this process's API client."""
     from prefect.task_engine import run_task_async, run_task_sync
 
-    tokens = []
-    if settings is not None:
-        settings_context, client_context = _worker_contexts(settings)
-        tokens = [(SettingsContext.__var__, SettingsContext.__var__.set(settings_context)),
-                  (SyncClientContext.__var__, SyncClientContext.__var__.set(client_context))]
-    try:
+    with contextlib.ExitStack() as stack:
+        if settings is not None:
+            contexts = stack.enter_context(_worker_contexts(settings))
+            for var, value in ((SettingsContext.__var__, contexts.settings),
+                               (SyncClientContext.__var__, contexts.client)):
+                stack.callback(var.reset, var.set(value))
         if task.isasync:
             return asyncio.run(run_task_async(task=task, **run_task_kwargs))
         return run_task_sync(task=task, **run_task_kwargs)
-    finally:
-        for var, token in reversed(tokens):
-            var.reset(token)
 
 
 class ShardTaskRunner(DaskTaskRunner):
