@@ -83,6 +83,23 @@ def api_url() -> str:
     return PREFECT_API_URL.value()
 
 
+def recorded(flow_run_id, expected: list[tuple[str, str]], timeout_s: float = 30.0) -> list[tuple[str, str]]:
+    """``(task, state name)`` of the flow run's task runs as the driver's API recorded them, sorted;
+    polled until they are ``expected`` (workers report task runs as events, recorded a little later).
+    A worker that talked to another API (its own ephemeral server) leaves nothing here."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            seen = sorted((r.name.rsplit("-", 1)[0], r.state.name if r.state else "-") for r in runs)
+            if seen == sorted(expected) or time.monotonic() > deadline:
+                return seen
+            time.sleep(0.5)
+
+
 # --------------------------------------------------------------------------- flows and results
 
 
@@ -105,8 +122,11 @@ def test_a_flow_of_dependent_tasks_completes_with_their_results(runner):
         first, second = letter.submit("x"), letter.submit("y")
         return first, second, append.submit(second, "z")
 
-    first, second, joined = spell()
+    state = spell(return_state=True)
+    first, second, joined = state.result()
     assert (first.result(), second.result(), joined.result()) == ("x", "y", "yz")
+    expected = [("append", "Completed"), ("letter", "Completed"), ("letter", "Completed")]
+    assert recorded(state.state_details.flow_run_id, expected) == expected
 
 
 def test_failures_reach_downstream_tasks_as_not_ready(runner):
@@ -139,6 +159,9 @@ def test_failures_reach_downstream_tasks_as_not_ready(runner):
         assert waiting.is_pending() and waiting.name == "NotReady"
         assert f"Upstream task run '{upstream.state_details.task_run_id}' did not reach a 'COMPLETED' state" \
             in waiting.message
+    expected = [("broken", "Failed"), ("downstream", "NotReady"), ("downstream", "NotReady"),
+                ("fails_with_data", "Failed")]
+    assert recorded(state.state_details.flow_run_id, expected) == expected
 
 
 def test_async_tasks_run_and_chain(runner):
@@ -156,8 +179,11 @@ def test_async_tasks_run_and_chain(runner):
         first, second = word.submit("p"), word.submit("q")
         return first, second, joined.submit(second, "r")
 
-    first, second, third = asyncio.run(spell())
+    state = asyncio.run(spell(return_state=True))
+    first, second, third = state.result()
     assert (first.result(), second.result(), third.result()) == ("p", "q", "qr")
+    expected = [("joined", "Completed"), ("word", "Completed"), ("word", "Completed")]
+    assert recorded(state.state_details.flow_run_id, expected) == expected
 
 
 def test_submit_outside_a_flow_and_wait(runner):
@@ -336,7 +362,10 @@ def test_own_cluster_from_cluster_kwargs(api, kind, processes):
     def squares():
         return [f.result() for f in square.map([1, 2, 3])], parent.submit().result()
 
-    assert squares() == ([1, 4, 9], 16)
+    state = squares(return_state=True)
+    assert state.result() == ([1, 4, 9], 16)
+    expected = [("parent", "Completed")] + [("square", "Completed")] * 4
+    assert recorded(state.state_details.flow_run_id, expected) == expected
 
 
 def test_a_crash_inside_a_task_is_captured_as_crashed(api, kind):
