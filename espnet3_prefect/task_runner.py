@@ -83,6 +83,19 @@ def settings_shipped_apart() -> Iterator[tuple[str, dict] | None]:
         SettingsContext.__var__.reset(token)
 
 
+class Opaque:
+    """A task argument Dask passes through without looking inside: it scans arguments for futures,
+    node by node (a few ms for a serialized task context and settings), and these hold none."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __reduce__(self):
+        return Opaque, (self.value,)
+
+
 # ----------------------------------------------------------------------------- worker side
 
 WORKER_CONTEXTS_KEPT = 4  # settings objects (and their API clients) a worker process keeps
@@ -128,13 +141,15 @@ def _worker_contexts(settings: tuple[str, dict]) -> Iterator[_WorkerContexts]:
             entry.users -= 1
 
 
-def run_prefect_task(task, *, settings: tuple[str, dict] | None, **run_task_kwargs):
-    """Run a Prefect task on a Dask worker under the driver's settings and this process's API client."""
+def run_prefect_task(task, *, settings: Opaque, context: Opaque, **run_task_kwargs):
+    """Run a Prefect task on a Dask worker under the driver's settings and this process's API client
+    (``settings``: ``(key, serialized settings)`` or None; ``context``: the serialized task context)."""
     from prefect.task_engine import run_task_async, run_task_sync
 
+    run_task_kwargs["context"] = context.value
     with contextlib.ExitStack() as stack:
-        if settings is not None:
-            contexts = stack.enter_context(_worker_contexts(settings))
+        if settings.value is not None:
+            contexts = stack.enter_context(_worker_contexts(settings.value))
             for var, value in ((SettingsContext.__var__, contexts.settings),
                                (SyncClientContext.__var__, contexts.client)):
                 stack.callback(var.reset, var.set(value))
@@ -178,7 +193,7 @@ class ShardTaskRunner(DaskTaskRunner):
                 "task": task, "task_run_id": task_run_id, "task_inputs": inputs, "copy_to_child_ctx": True})
         future = Client.submit(
             self.client, run_prefect_task, task, key=f"{task.name}-{task_run_id.hex}", pure=False,
-            settings=settings, task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
-            return_type="state", dependencies=inputs, context=context)
+            settings=Opaque(settings), task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
+            return_type="state", dependencies=inputs, context=Opaque(context))
         future.task_run_id = task_run_id  # how Prefect finds upstream runs among Dask futures (asset lineage, task inputs)
         return PrefectDaskFuture(wrapped_future=future, task_run_id=task_run_id)
