@@ -1,10 +1,12 @@
 """Per-shard orchestration overhead of the infer flow, measured side by side.
 
-    .venv/bin/python -m benchmarks.shard_overhead [--items 640] [--shards 64] [--workers 2]
+    .venv/bin/python -m benchmarks.shard_overhead [--items 640] [--shards 64] [--workers 2] [--api-in-settings-only]
 
 Runs the same zero-cost forward over the same items as 1 shard and as --shards shards, on one
 embedded Prefect server and a fresh LocalCluster each; overhead per shard = (t_many - t_one) /
-(shards - 1). Also reports a resumed (fully cached) run / first run.
+(shards - 1). Also reports a resumed (fully cached) run / first run. ``--api-in-settings-only``
+takes PREFECT_API_URL out of the environment the workers inherit (it stays in Prefect's settings),
+so the task runner must ship the settings to them.
 """
 
 from __future__ import annotations
@@ -34,10 +36,15 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=640)
     parser.add_argument("--shards", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--api-in-settings-only", action="store_true")
     args = parser.parse_args()
+    import os
+
     from espnet3_prefect.server import prefect_api
 
     with tempfile.TemporaryDirectory() as tmp, prefect_api(Path(tmp) / "home", ui=False):
+        if args.api_in_settings_only:
+            os.environ.pop("PREFECT_API_URL")  # prefect_api restores it on the way out
         work = Path(tmp)
         one, _ = _run(work, "one", synthetic.config(str(work / "a"), args.items, 0.0, args.workers, 1))
         many, _ = _run(work, "many", synthetic.config(str(work / "b"), args.items, 0.0, args.workers, args.shards))

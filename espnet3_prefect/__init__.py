@@ -1,6 +1,6 @@
 """espnet3-prefect: ESPnet3 stages as Prefect flows on Dask clusters built from the ``parallel`` block.
 
-Public API (the ESPnet3 202611 contracts plus the pieces a recipe needs)::
+Public API: the ESPnet3 202611 contracts, the errors, and the entry points a recipe needs::
 
     from espnet3_prefect import EnvironmentProvider, InferenceProvider, BaseRunner, InferenceRunner
     from espnet3_prefect import infer, measure          # drop-in for espnet3.systems.base.{inference,metric}
@@ -9,24 +9,22 @@ Public API (the ESPnet3 202611 contracts plus the pieces a recipe needs)::
     run(any_runner, indices, parallel=cfg.parallel)     # the same for any runner (real espnet3 classes too)
 
 The flows live in ``espnet3_prefect.flows`` (``flows/`` in the repository), the tasks in
-``espnet3_prefect.tasks``; the command line is ``espnet3-prefect``.
+``espnet3_prefect.tasks``; the command line is ``espnet3-prefect`` (:mod:`espnet3_prefect.cli`).
 """
 
 from .config import load_config
-from .entry import infer, measure
+from .entry import infer, measure, run
 from .errors import BadInputError, ConfigError, Espnet3PrefectError, ItemError, MissingExtraError
 from .inference_runner import InferenceRunner
 from .provider import EnvironmentProvider, InferenceProvider, resolve_device
 from .runner import BaseRunner
 from .parallel_config import get_parallel_config, set_parallel
-from .workload import run
 from .server import prefect_api
-from .parallel import ParallelSpec, build_task_runner  # noqa: F401 - not public API; for tests and tools
-from .plan import Shard, plan_shards  # noqa: F401
+
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
 __all__ = [
     "BadInputError", "BaseRunner", "ConfigError", "EnvironmentProvider", "Espnet3PrefectError",
     "InferenceProvider", "InferenceRunner", "ItemError", "MissingExtraError", "get_parallel_config", "infer",
     "load_config", "measure", "prefect_api", "resolve_device", "run", "set_parallel",
 ]
-__version__ = "0.1.0"

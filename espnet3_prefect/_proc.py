@@ -1,10 +1,16 @@
-"""The one helper for subprocess calls: logs the command, raises with its output."""
+"""Child processes: the one helper for subprocess calls (logs the command, raises with its output),
+and stopping processes, process groups and whole process trees by pid."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shlex
+import signal
 import subprocess
+import time
+from pathlib import Path
 from typing import Sequence
 
 from .errors import Espnet3PrefectError
@@ -35,3 +41,86 @@ def run_command(cmd: Sequence[str], *, timeout_s: float = 60, check: bool = True
         tail = (proc.stdout + proc.stderr).strip()[-2000:]
         raise CommandError(f"command failed with exit code {proc.returncode}: {text}: {' '.join(tail.split())}")
     return proc
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists (also a zombie, and one we may not signal)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(pid: int, timeout_s: float = 20) -> None:
+    """Stop the process group led by ``pid`` (started with ``start_new_session``): TERM, then KILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not pid_alive(pid):
+                return
+            time.sleep(0.2)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux ``/proc``; empty elsewhere), parents first."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1:
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in parents.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def stop_tree(pid: int, timeout_s: float = 15) -> bool:
+    """Stop ``pid``, its process group and every process it started, also those in their own session
+    (a Prefect worker starts each flow run as a child, which starts Dask workers): TERM, then KILL.
+    True when something was running."""
+    if not pid_alive(pid):
+        return False
+    tree = descendants(pid)
+    stop_group(pid, timeout_s=timeout_s)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        left = [p for p in tree if pid_alive(p)]
+        for child in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, sig)
+        deadline = time.monotonic() + timeout_s
+        while left and time.monotonic() < deadline:
+            left = [p for p in left if pid_alive(p) and not _reaped(p)]
+            time.sleep(0.2)
+    return True
+
+
+def _reaped(pid: int) -> bool:
+    """True when ``pid`` is a zombie child of ours that is now reaped (or not our child)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == pid
+    except ChildProcessError:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+        except OSError:
+            return True

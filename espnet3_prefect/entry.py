@@ -1,21 +1,126 @@
-"""Drop-in Python entry points with ESPnet3 202611's signatures: a recipe's ``run.py`` switches its
-infer and measure stages to Prefect by changing one import::
+"""The Python front door: ESPnet3 202611's entry points, each one a Prefect flow run.
+
+A recipe's ``run.py`` switches its infer and measure stages to Prefect by changing one import::
 
     from espnet3_prefect import infer, measure    # was: from espnet3.systems.base.inference import infer
                                                    #      from espnet3.systems.base.metric import measure
-    infer(inference_config)                        # a flow run (a subflow inside a running flow)
+    infer(inference_config)                        # the flow ``infer``
     results = measure(metrics_config, inference_config=inference_config)
 
-Without ``PREFECT_API_URL`` they start the embedded Prefect server (127.0.0.1) for the call.
+and any provider/runner workload runs as the flow ``run-runner``: :func:`run`, or ``runner(indices)``
+on our :class:`~espnet3_prefect.BaseRunner` (this module is the handler it calls; see
+:func:`espnet3_prefect.runner.set_call_handler`).
+
+Without ``PREFECT_API_URL`` each call starts the embedded Prefect server (127.0.0.1) around itself;
+inside a running flow it is a subflow of that flow, on that flow's API. Like the command line, this
+is the top layer: the only package module besides ``cli`` that imports the flows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
+
+from .config import load_config_input
+from .errors import ConfigError
+from .parallel_config import DEFAULT_PARALLEL, active_parallel_config
+from .prefetch import DEFAULT_PREFETCH
+from .runner import set_call_handler
+from .stage import (DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S,
+                    prepare_stages)
+from .workload import RunnerJob, importable_from_workers, prepare_job
+
+
+def infer(config: DictConfig) -> None:
+    """Run inference over every test set of ``config`` and write ``<inference_dir>/<test>/<field>.scp``,
+    as ``espnet3.systems.base.inference.infer`` does, as the Prefect flow ``infer``."""
+    plain = _plain(config)
+    prepare_stages(load_config_input(plain))  # every config error before a server or cluster starts
+    importable_from_workers()
+
+    def start():
+        from .flows.infer import infer as infer_flow
+
+        return infer_flow(config=plain)
+
+    _on_api(start)
+
+
+def measure(metrics_config: DictConfig, inference_config: DictConfig | None = None) -> dict:
+    """Score every test set and write ``<inference_dir>/metrics.json``, as
+    ``espnet3.systems.base.metric.measure`` does; returns ``{metric class path: {test set: result}}``."""
+    importable_from_workers()
+
+    def start():
+        from .flows.metrics import metrics as metrics_flow
+
+        return metrics_flow(config=_plain(metrics_config),
+                            inference_config=None if inference_config is None else _plain(inference_config))
+
+    return _on_api(start)
+
+
+def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | None = None, *,
+        retries: int = DEFAULT_RETRIES, retry_delay_s: float | Iterable[float] = DEFAULT_RETRY_DELAY_S,
+        on_error: str = "fail", max_failed_ratio: float = DEFAULT_MAX_FAILED_RATIO,
+        min_free_mb: float = DEFAULT_MIN_FREE_MB, prefetch: int | bool = DEFAULT_PREFETCH) -> Any:
+    """Run ``runner`` over ``indices`` as a run of the flow ``run-runner``; return ``runner.merge(...)``.
+
+    ``runner``: any instance with a static or class-level ``forward`` and ESPnet3's attributes
+    (``provider``, ``batch_size``, ``output_dir``, ``shard_subdir``, ``resume``) and hooks, e.g. a
+    subclass of ``espnet3.parallel.base_runner.BaseRunner``. ``indices``: any ints, in any order
+    (each shard keeps its slice of the list, ``forward`` sees them in that order).
+    ``parallel``: the ``parallel`` block (default: the one :func:`set_parallel` registered, else
+    ``{env: local, n_workers: 1}``). ``retries``/``retry_delay_s`` (per shard task, never for bad
+    input), ``on_error`` (``fail`` or ``skip``: failing items listed in ``failures.jsonl``) and
+    ``max_failed_ratio``/``min_free_mb``/``prefetch`` mean what the ``runner:`` keys of the infer config mean.
+    Everything is checked before a server or a cluster starts.
+    """
+    _refuse_in_spawned_reimport()
+    if parallel is None:
+        parallel = active_parallel_config() or DEFAULT_PARALLEL
+    control = {"retries": retries, "retry_delay_s": retry_delay_s, "on_error": on_error,
+               "max_failed_ratio": max_failed_ratio, "min_free_mb": min_free_mb, "prefetch": prefetch}
+    job = prepare_job(runner, indices, parallel, control)
+    importable_from_workers()
+    return _on_api(lambda: _runner_flow(job)(job=job))
+
+
+def call_runner(runner: Any, indices: Iterable[int]) -> Any:
+    """``runner(indices)``: in this process without a registered ``parallel`` block, else :func:`run`."""
+    _refuse_in_spawned_reimport()
+    config = active_parallel_config()
+    if config is None:
+        from .local import run_runner
+
+        return run_runner(runner, indices)
+    return run(runner, indices, parallel=config)
+
+
+set_call_handler(call_runner)
+
+
+def _runner_flow(job: RunnerJob):
+    from .flows.run_runner import run_runner
+
+    return run_runner.with_options(flow_run_name=job.name)
+
+
+def _on_api(start: Callable[[], Any]) -> Any:
+    """``start()`` (which imports and calls a flow) on a Prefect API the workers can reach: the running
+    flow's when there is one (a subflow), else ``PREFECT_API_URL``, else the embedded server."""
+    if _in_flow():
+        with _api_for_workers():
+            return start()
+    from .server import prefect_api
+
+    with prefect_api():  # before the flow module imports prefect, so every thread sees this API
+        return start()
 
 
 def _plain(config: Any) -> dict:
@@ -24,40 +129,40 @@ def _plain(config: Any) -> dict:
     return dict(config)
 
 
-def _importable_cwd() -> None:
-    """Recipe modules (``src.inference.MyProvider``) import on workers, also in batch jobs."""
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if cwd not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([cwd, *parts])
+def _refuse_in_spawned_reimport() -> None:
+    """Local Dask workers are spawned processes, which re-run the script that started them as module
+    ``__mp_main__`` (Python's multiprocessing rule): a runner call at a script's top level would start
+    a cluster from inside each worker. Said here, in the worker's stderr, instead of a bare
+    "Nanny failed to start" in the driver."""
+    if getattr(sys.modules.get("__main__"), "__name__", None) == "__mp_main__":
+        raise ConfigError("a runner was called while a worker process re-imported the script that started it; "
+                          "put the script's top-level code under `if __name__ == \"__main__\":` (worker processes "
+                          "re-import the main script, as with any multiprocessing program)")
 
 
-def infer(config: DictConfig) -> None:
-    """Run inference over every test set of ``config`` and write ``<inference_dir>/<test>/<field>.scp``,
-    as ``espnet3.systems.base.inference.infer`` does, as the Prefect flow ``infer``."""
-    from .config import load_config_input
-    from .server import prefect_api
-    from .stage import prepare_stages
+def _in_flow() -> bool:
+    if "prefect" not in sys.modules:  # no flow can be running without it
+        return False
+    from prefect.context import FlowRunContext
 
-    plain = _plain(config)
-    prepare_stages(load_config_input(plain))  # every config error before a server or cluster starts
-    _importable_cwd()
-    with prefect_api():
-        from .flows.infer import infer as infer_flow
-
-        infer_flow(config=plain)
+    return FlowRunContext.get() is not None
 
 
-def measure(metrics_config: DictConfig, inference_config: DictConfig | None = None) -> dict:
-    """Score every test set and write ``<inference_dir>/metrics.json``, as
-    ``espnet3.systems.base.metric.measure`` does; returns ``{metric class path: {test set: result}}``."""
-    from .server import prefect_api
+@contextlib.contextmanager
+def _api_for_workers() -> Iterator[None]:
+    """Inside a flow on Prefect's ephemeral API (no ``PREFECT_API_URL``): workers get that API's URL."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    from prefect.context import FlowRunContext
 
-    _importable_cwd()
-    with prefect_api():
-        from .flows.metrics import metrics as metrics_flow
-
-        return metrics_flow(config=_plain(metrics_config),
-                            inference_config=None if inference_config is None else _plain(inference_config))
+    context = FlowRunContext.get()
+    url = str(getattr(getattr(context, "client", None), "api_url", "") or "")
+    if not url:
+        yield
+        return
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        yield
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)

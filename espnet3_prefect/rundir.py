@@ -16,6 +16,9 @@ import threading
 from pathlib import Path
 
 from .errors import ConfigError
+from .util import as_list, put_on_pythonpath
+
+__all__ = ["as_list", "enter_workdir"]
 
 
 def enter_workdir(workdir: str | os.PathLike | None) -> Path:
@@ -28,20 +31,8 @@ def enter_workdir(workdir: str | os.PathLike | None) -> Path:
         if not path.is_dir():
             raise ConfigError(f"workdir: {workdir} is not a folder on this machine")
         os.chdir(path)
-        here = str(path.resolve())
-        if here not in sys.path:
-            sys.path.insert(0, here)
-        parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if here not in parts:
-            os.environ["PYTHONPATH"] = os.pathsep.join([here, *parts])
+        put_on_pythonpath(path)
     return Path.cwd()
-
-
-def as_list(value) -> list[str]:
-    """A config/overrides parameter as a list of strings (a single string is one item)."""
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
 def preload_on_main_thread() -> None:

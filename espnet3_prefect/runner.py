@@ -23,10 +23,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from .envcall import call_hook
 from .layout import shard_dir_path
+
+
+_CALL_HANDLER: Optional[Callable[[Any, Iterable[int]], Any]] = None
+
+
+def set_call_handler(handler: Callable[[Any, Iterable[int]], Any]) -> None:
+    """Say what ``runner(indices)`` does: :mod:`espnet3_prefect.entry` (which the package imports)
+    registers its dispatch here, so this contract module never imports the orchestration above it."""
+    global _CALL_HANDLER
+    _CALL_HANDLER = handler
 
 
 class BaseRunner(ABC):
@@ -107,6 +117,6 @@ class BaseRunner(ABC):
         else as a run of the Prefect flow ``run-runner`` on the Dask cluster that config describes
         (:func:`espnet3_prefect.run`); finished shards are skipped when ``resume`` is on, as upstream does.
         """
-        from .workload import dispatch
-
-        return dispatch(self, indices)
+        if _CALL_HANDLER is None:  # only while espnet3_prefect itself is half-imported
+            raise RuntimeError("espnet3_prefect.entry is not imported yet: import espnet3_prefect first")
+        return _CALL_HANDLER(self, indices)

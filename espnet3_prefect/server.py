@@ -32,8 +32,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
+from ._proc import descendants, pid_alive, stop_group
 from .atomic import atomic_write_text
 from .errors import Espnet3PrefectError
+from .util import read_json
 
 log = logging.getLogger("espnet3_prefect")
 DEFAULT_STATE_DIR = ".e3p/prefect"
@@ -104,17 +106,8 @@ def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _prefect_executable() -> str:
+def prefect_executable() -> str:
+    """The ``prefect`` command installed next to this Python (else the one on PATH)."""
     beside = Path(sys.executable).with_name("prefect")
     found = str(beside) if beside.exists() else shutil.which("prefect")
     if not found:
@@ -135,7 +128,7 @@ def start_server(home: Path, port: int | None = None, ui: bool = True) -> tuple[
            "PREFECT_SERVER_UI_API_URL": api_url}
     for inherited in ("PREFECT_API_URL", "PREFECT_UI_API_URL"):
         env.pop(inherited, None)
-    cmd = [_prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     log.info("starting Prefect server: %s", " ".join(cmd))
     logfile = open(home / "server.log", "ab")
     proc = subprocess.Popen(cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
@@ -157,32 +150,15 @@ def start_server(home: Path, port: int | None = None, ui: bool = True) -> tuple[
 def stop_server(pid: int, timeout_s: float = 20) -> None:
     """Stop the server process group started by :func:`start_server` (TERM, then KILL)."""
     try:
-        _stop_group(pid, timeout_s)
+        stop_group(pid, timeout_s)
     finally:
         (registry_dir() / f"{pid}.json").unlink(missing_ok=True)
 
 
-def _stop_group(pid: int, timeout_s: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            if not pid_alive(pid):
-                return
-            time.sleep(0.2)
-
-
-def _running(home: Path) -> dict | None:
-    try:
-        info = json.loads((home / "server.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if pid_alive(info.get("pid", -1)) and healthy(info.get("api_url", "")):
+def running_server(home: Path) -> dict | None:
+    """``{"pid", "api_url", "ui_url"}`` of the server recorded in ``home`` while it is alive and healthy."""
+    info = read_json(home / "server.json")
+    if isinstance(info, dict) and pid_alive(info.get("pid", -1)) and healthy(info.get("api_url", "")):
         return info
     return None
 
@@ -218,7 +194,7 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
     (home / "users").mkdir(exist_ok=True)
     me = home / "users" / str(os.getpid())
     me.touch()
-    info = _running(home)
+    info = running_server(home)
     proc = None
     if info is None:
         proc, url = start_server(home, ui=ui)
@@ -408,27 +384,14 @@ def _forget(server: ServerRecord) -> None:
                 (home / name).unlink(missing_ok=True)
 
 
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
 def stop_process_tree(pid: int, timeout_s: float = 15) -> bool:
     """Stop ``pid``, its process group and every descendant, also those that started their own
     session (a process worker's flow runs and their Dask workers): TERM, then KILL. False when
     ``pid`` was not running. Descendants are found through Linux ``/proc`` (elsewhere: the group)."""
     if not (pid > 0 and _running_pid(pid)):
         return False
-    tree, queue, family = _children(), [pid], []
-    while queue:
-        for child in tree.get(queue.pop(), []):
-            family.append(child)
-            queue.append(child)
-    _stop_group(pid, timeout_s)  # does nothing when pid leads no group: then it goes with the family
+    family = descendants(pid)
+    stop_group(pid, timeout_s)  # does nothing when pid leads no group: then it goes with the family
     for sig in (signal.SIGTERM, signal.SIGKILL):
         left = [p for p in (pid, *family) if _running_pid(p)]
         for child in left:

@@ -1,94 +1,161 @@
 """A prefect-dask ``DaskTaskRunner`` with a per-task cost of milliseconds, not ~0.2 s.
 
 Measured with cProfile on 2 cores, a task submitted through prefect-dask 0.3.7 costs:
+
 - ~0.1 s on the driver re-serializing Prefect's *settings* (constant during a flow run), plus
   ~20 ms for Dask to hash that serialized context into the task key;
 - ~0.1 s on the worker rebuilding the settings model from that copy, and ~70 ms creating a new
   API client (a fresh TLS context loading the CA bundle) because worker threads have none.
-:class:`ShardTaskRunner` submits tasks through :func:`run_prefect_task` instead: no settings copy
-when the workers' environment already carries the driver's API URL (the driver exports it; spawned
-workers and batch jobs inherit it), a random task key, and one API client per worker process.
-Task runs, states, retries, caching and results stay Prefect's own (``run_task_sync``).
+
+:class:`ShardTaskRunner` submits tasks through :func:`run_prefect_task` instead. The driver's
+settings still travel with every task, exactly as prefect-dask sends them, so a worker sees the
+driver's API URL whether it came from the environment, a profile or ``temporary_settings``; but
+they are serialized once per settings object and shipped beside the task context rather than
+inside it (the task context is serialized with a stand-in whose settings serialize to nothing).
+Each worker process rebuilds a given settings object once and keeps one API client for it. Task
+keys are random (every task run is unique), so Dask hashes nothing. Task runs, states, retries,
+caching, asset events and results stay Prefect's own (``run_task_sync``/``run_task_async``).
+
+``tests/integration/test_task_runner_contract.py`` holds this runner to ``DaskTaskRunner``'s
+behaviour, with the API URL in the environment and only in the settings.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import uuid
 from typing import Any, Iterator
 
-from prefect.context import SettingsContext
+from prefect.context import SettingsContext, SyncClientContext
 from prefect_dask import DaskTaskRunner
 from prefect_dask.task_runners import PrefectDaskFuture
 
-_LOCK = threading.Lock()
-_CACHE: dict[tuple[int, bool], tuple[Any, dict]] = {}
-_ORIGINAL = SettingsContext.serialize
+# ----------------------------------------------------------------------------- driver side
 
 
-def _cached_serialize(self: SettingsContext, include_secrets: bool = True) -> dict:
-    key = (id(self), include_secrets)
-    hit = _CACHE.get(key)
-    if hit is None or hit[0] is not self:  # id() reuse after garbage collection: recompute
-        hit = (self, _ORIGINAL(self, include_secrets=include_secrets))
-        _CACHE.clear()
-        _CACHE[key] = hit
-    return hit[1]
+class _SettingsShippedApart(SettingsContext):
+    """The current settings, serialized to nothing: the task context leaves them out, and
+    :func:`run_prefect_task` gets them beside it. Set only while one task context is serialized,
+    in the submitting thread's context: nothing else in the process sees it."""
+
+    def serialize(self, include_secrets: bool = True) -> dict[str, Any]:
+        return {}
 
 
-def _from_environment(self: SettingsContext, include_secrets: bool = True) -> dict:
-    return {}  # an empty settings context is not entered on the worker: its own settings apply
+class _Shipped:
+    """The settings of one ``SettingsContext`` as sent to workers: serialized once, under a key."""
+
+    def __init__(self, context: SettingsContext):
+        self.context = context  # held, so its id() is not reused while cached
+        self.payload = (uuid.uuid4().hex, context.serialize(include_secrets=True))
+        self.stand_in = _SettingsShippedApart(profile=context.profile, settings=context.settings)
 
 
-def workers_share_settings() -> bool:
-    """True when this process's API URL is also in its environment (so workers inherit it)."""
-    api_url = SettingsContext.get().settings.api.url
-    return bool(api_url) and os.environ.get("PREFECT_API_URL") == str(api_url)
+_SHIPPED: dict[int, _Shipped] = {}
+_SHIPPED_LOCK = threading.Lock()
+
+
+def _shipped(context: SettingsContext) -> _Shipped:
+    with _SHIPPED_LOCK:
+        hit = _SHIPPED.get(id(context))
+        if hit is None or hit.context is not context:
+            if len(_SHIPPED) >= 8:
+                _SHIPPED.clear()
+            hit = _SHIPPED[id(context)] = _Shipped(context)
+        return hit
 
 
 @contextlib.contextmanager
-def lean_settings_serialization() -> Iterator[None]:
-    """Within the block, task contexts carry no settings (or a copy serialized once)."""
-    with _LOCK:
-        SettingsContext.serialize = _from_environment if workers_share_settings() else _cached_serialize
+def settings_shipped_apart() -> Iterator[tuple[str, dict] | None]:
+    """Within the block (this thread's context only), task contexts serialize without settings;
+    yields ``(key, serialized settings)`` to send beside them (None without a settings context)."""
+    current = SettingsContext.get()
+    if current is None:
+        yield None
+        return
+    shipped = _shipped(current)
+    token = SettingsContext.__var__.set(shipped.stand_in)
+    try:
+        yield shipped.payload
+    finally:
+        SettingsContext.__var__.reset(token)
+
+
+class Opaque:
+    """A task argument Dask passes through without looking inside: it scans arguments for futures,
+    node by node (a few ms for a serialized task context and settings), and these hold none."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __reduce__(self):
+        return Opaque, (self.value,)
+
+
+# ----------------------------------------------------------------------------- worker side
+
+WORKER_CONTEXTS_KEPT = 4  # settings objects (and their API clients) a worker process keeps
+
+
+class _WorkerContexts:
+    """The driver's settings rebuilt in this worker process, and one API client made under them."""
+
+    def __init__(self, payload: dict):
+        self.settings = SettingsContext(**payload)
+        token = SettingsContext.__var__.set(self.settings)
         try:
-            yield
+            self.client = SyncClientContext()  # its API URL, key and TLS options: these settings'
+            self.client.client.__enter__()
         finally:
-            SettingsContext.serialize = _ORIGINAL
+            SettingsContext.__var__.reset(token)
+        self.users = 0
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.client.__exit__(None, None, None)
 
 
-_CLIENT_CONTEXT = None
-_CLIENT_LOCK = threading.Lock()
+_WORKER_CONTEXTS: dict[str, _WorkerContexts] = {}  # by settings key, oldest first
+_WORKER_LOCK = threading.Lock()
 
 
-def _shared_client_context():
-    """One entered ``SyncClientContext`` per worker process (httpx clients are thread-safe)."""
-    global _CLIENT_CONTEXT
-    with _CLIENT_LOCK:
-        if _CLIENT_CONTEXT is None:
-            from prefect.context import SyncClientContext
+@contextlib.contextmanager
+def _worker_contexts(settings: tuple[str, dict]) -> Iterator[_WorkerContexts]:
+    """Built once per settings key and process; the oldest unused ones beyond a few are closed."""
+    key, payload = settings
+    with _WORKER_LOCK:
+        entry = _WORKER_CONTEXTS.pop(key, None) or _WorkerContexts(payload)
+        _WORKER_CONTEXTS[key] = entry  # newest last
+        entry.users += 1
+        for old_key in list(_WORKER_CONTEXTS)[:-WORKER_CONTEXTS_KEPT]:
+            if _WORKER_CONTEXTS[old_key].users == 0:
+                _WORKER_CONTEXTS.pop(old_key).close()
+    try:
+        yield entry
+    finally:
+        with _WORKER_LOCK:
+            entry.users -= 1
 
-            context = SyncClientContext()
-            context.client.__enter__()
-            _CLIENT_CONTEXT = context
-        return _CLIENT_CONTEXT
 
-
-def run_prefect_task(task, **run_task_kwargs):
-    """Run a Prefect task on a Dask worker with the process's shared API client in context."""
-    from prefect.context import SyncClientContext
+def run_prefect_task(task, *, settings: Opaque, context: Opaque, **run_task_kwargs):
+    """Run a Prefect task on a Dask worker under the driver's settings and this process's API client
+    (``settings``: ``(key, serialized settings)`` or None; ``context``: the serialized task context)."""
     from prefect.task_engine import run_task_async, run_task_sync
 
-    token = SyncClientContext.__var__.set(_shared_client_context())
-    try:
+    run_task_kwargs["context"] = context.value
+    with contextlib.ExitStack() as stack:
+        if settings.value is not None:
+            contexts = stack.enter_context(_worker_contexts(settings.value))
+            for var, value in ((SettingsContext.__var__, contexts.settings),
+                               (SyncClientContext.__var__, contexts.client)):
+                stack.callback(var.reset, var.set(value))
         if task.isasync:
             return asyncio.run(run_task_async(task=task, **run_task_kwargs))
         return run_task_sync(task=task, **run_task_kwargs)
-    finally:
-        SyncClientContext.__var__.reset(token)
 
 
 class ShardTaskRunner(DaskTaskRunner):
@@ -110,7 +177,7 @@ class ShardTaskRunner(DaskTaskRunner):
 
     def submit(self, task, parameters, wait_for=None, dependencies=None):
         if not self._started:
-            raise RuntimeError("the task runner must be started before submitting work")
+            raise RuntimeError("The task runner must be started before submitting work.")
         from distributed import Client, Future
         from prefect.context import serialize_context
         from prefect.utilities.engine import collect_task_run_inputs_sync
@@ -121,11 +188,12 @@ class ShardTaskRunner(DaskTaskRunner):
         for name, extra in (dependencies or {}).items():
             inputs[name] = inputs.get(name, set()) | extra
         task_run_id = uuid.uuid4()
-        with lean_settings_serialization():
+        with settings_shipped_apart() as settings:
             context = serialize_context(asset_ctx_kwargs={
                 "task": task, "task_run_id": task_run_id, "task_inputs": inputs, "copy_to_child_ctx": True})
         future = Client.submit(
             self.client, run_prefect_task, task, key=f"{task.name}-{task_run_id.hex}", pure=False,
-            task_run_id=task_run_id, parameters=parameters, wait_for=wait_for, return_type="state",
-            dependencies=inputs, context=context)
+            settings=Opaque(settings), task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
+            return_type="state", dependencies=inputs, context=Opaque(context))
+        future.task_run_id = task_run_id  # how Prefect finds upstream runs among Dask futures (asset lineage, task inputs)
         return PrefectDaskFuture(wrapped_future=future, task_run_id=task_run_id)

@@ -1,4 +1,4 @@
-"""Any provider/runner workload as a Prefect flow: :func:`run` and the dispatch behind ``runner(indices)``.
+"""A provider/runner workload prepared for the flow ``run-runner``: checked indices, the shard plan, the env.
 
 ESPnet3's developer-facing pattern (data preparation, feature extraction, statistics, any "one compute
 kernel over indices") is: build a provider and a runner, register the ``parallel`` block once, call
@@ -10,11 +10,12 @@ kernel over indices") is: build a provider and a runner, register the ``parallel
   the ``DaskTaskRunner`` built from the block: the env built once per worker, retries, done markers,
   resume, the merge on the driver, progress and summary artifacts.
 
-:func:`run` does the second for any runner instance: ours, a subclass of the real ``espnet3`` classes
+:func:`espnet3_prefect.run` (in :mod:`espnet3_prefect.entry`) does the second for any runner instance: ours, a subclass of the real ``espnet3`` classes
 (whose own ``__call__`` would take upstream's Dask path), or a plain class with the hooks; inside a
 running flow it is a subflow. Everything is checked before a server or a cluster starts.
 
 >>> import tempfile
+>>> from espnet3_prefect import BaseRunner
 >>> class Square(BaseRunner):
 ...     @staticmethod
 ...     def forward(idx, **env):
@@ -26,14 +27,13 @@ running flow it is a subflow. Everything is checked before a server or a cluster
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import operator
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -41,77 +41,10 @@ from .config import fingerprint, identity_config
 from .errors import ConfigError
 from .layout import RunnerLayout
 from .parallel import ParallelSpec
-from .parallel_config import DEFAULT_PARALLEL, active_parallel_config, plain_parallel
+from .parallel_config import plain_parallel
 from .plan import Shard, default_num_shards, plan_shards
-from .prefetch import DEFAULT_PREFETCH
-from .runner import BaseRunner  # noqa: F401 - the doctest's base class
-from .stage import (DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S, Stage,
-                    StageWork, _runner_control, _worker_setup, check_batch_size, code_identity)
+from .stage import (Stage, StageWork, _runner_control, _worker_setup, check_batch_size, code_identity)
 from .worker_env import EnvBuilder
-
-FLOW_NAME = "run-runner"
-
-
-def dispatch(runner: Any, indices: Iterable[int]) -> Any:
-    """``runner(indices)``: in this process without a registered ``parallel`` block, else :func:`run`."""
-    _refuse_in_spawned_reimport()
-    config = active_parallel_config()
-    if config is None:
-        from .local import run_runner
-
-        return run_runner(runner, indices)
-    return run(runner, indices, parallel=config)
-
-
-def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | None = None, *,
-        retries: int = DEFAULT_RETRIES, retry_delay_s: float | Iterable[float] = DEFAULT_RETRY_DELAY_S,
-        on_error: str = "fail", max_failed_ratio: float = DEFAULT_MAX_FAILED_RATIO,
-        min_free_mb: float = DEFAULT_MIN_FREE_MB, prefetch: int | bool = DEFAULT_PREFETCH) -> Any:
-    """Run ``runner`` over ``indices`` as a run of the flow ``run-runner``; return ``runner.merge(...)``.
-
-    ``runner``: any instance with a static or class-level ``forward`` and ESPnet3's attributes
-    (``provider``, ``batch_size``, ``output_dir``, ``shard_subdir``, ``resume``) and hooks, e.g. a
-    subclass of ``espnet3.parallel.base_runner.BaseRunner``. ``indices``: any ints, in any order
-    (each shard keeps its slice of the list, ``forward`` sees them in that order).
-    ``parallel``: the ``parallel`` block (default: the one :func:`set_parallel` registered, else
-    ``{env: local, n_workers: 1}``). ``retries``/``retry_delay_s`` (per shard task, never for bad
-    input), ``on_error`` (``fail`` or ``skip``: failing items listed in ``failures.jsonl``) and
-    ``max_failed_ratio``/``min_free_mb``/``prefetch`` mean what the ``runner:`` keys of the infer config mean.
-
-    Without ``PREFECT_API_URL`` the embedded Prefect server serves the call (started and stopped
-    around it); inside a running flow this is a subflow of it, on that flow's API.
-    """
-    _refuse_in_spawned_reimport()
-    if parallel is None:
-        parallel = active_parallel_config() or DEFAULT_PARALLEL
-    control = {"retries": retries, "retry_delay_s": retry_delay_s, "on_error": on_error,
-               "max_failed_ratio": max_failed_ratio, "min_free_mb": min_free_mb, "prefetch": prefetch}
-    job = prepare_job(runner, indices, parallel, control)
-    importable_from_workers()
-    if _in_flow():
-        with _api_for_workers():
-            return _flow(job)(job=job)
-    from .server import prefect_api
-
-    with prefect_api():  # before the flow module imports prefect, so every thread sees this API
-        return _flow(job)(job=job)
-
-
-def _flow(job: "RunnerJob"):
-    from .flows.run_runner import run_runner
-
-    return run_runner.with_options(flow_run_name=job.name)
-
-
-def _refuse_in_spawned_reimport() -> None:
-    """Local Dask workers are spawned processes, which re-run the script that started them as module
-    ``__mp_main__`` (Python's multiprocessing rule): a runner call at a script's top level would start
-    a cluster from inside each worker. Said here, in the worker's stderr, instead of a bare
-    "Nanny failed to start" in the driver."""
-    if getattr(sys.modules.get("__main__"), "__name__", None) == "__mp_main__":
-        raise ConfigError("a runner was called while a worker process re-imported the script that started it; "
-                          "put the script's top-level code under `if __name__ == \"__main__\":` (worker processes "
-                          "re-import the main script, as with any multiprocessing program)")
 
 
 class RunnerJob:
@@ -263,31 +196,3 @@ def importable_from_workers() -> None:
         if folder not in parts:
             parts.insert(0, folder)
     os.environ["PYTHONPATH"] = os.pathsep.join(parts)
-
-
-def _in_flow() -> bool:
-    if "prefect" not in sys.modules:  # no flow can be running without it
-        return False
-    from prefect.context import FlowRunContext
-
-    return FlowRunContext.get() is not None
-
-
-@contextlib.contextmanager
-def _api_for_workers() -> Iterator[None]:
-    """Inside a flow on Prefect's ephemeral API (no ``PREFECT_API_URL``): workers get that API's URL."""
-    if os.environ.get("PREFECT_API_URL"):
-        yield
-        return
-    from prefect.context import FlowRunContext
-
-    context = FlowRunContext.get()
-    url = str(getattr(getattr(context, "client", None), "api_url", "") or "")
-    if not url:
-        yield
-        return
-    os.environ["PREFECT_API_URL"] = url
-    try:
-        yield
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)

@@ -22,8 +22,9 @@ from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.history import (HISTORY_FILE, PLOT_FILE, append_history, describe_model, model_identity,
                                      now_utc, read_history, trend_markdown, write_plot)
 from espnet3_prefect.metrics_stage import prepare_metrics
-from espnet3_prefect.rundir import as_list, enter_workdir, preload_on_main_thread
+from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.stage import prepare_stages
+from espnet3_prefect.util import as_list
 
 from espnet3_prefect.flows.infer import infer
 from espnet3_prefect.flows.metrics import headline, metrics

@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger
 from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.config import load_config_input
 from espnet3_prefect.dataprep import ensure_prepared
-from espnet3_prefect.dispatch import forget_env, run_shards, take_run_lock
+from espnet3_prefect.flows.dispatch import forget_env, run_shards, take_run_lock
 from espnet3_prefect.errors import ConfigError, one_line
 from espnet3_prefect.merge import remove_merged
 from espnet3_prefect.plan import write_manifest

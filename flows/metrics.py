@@ -17,8 +17,9 @@ from espnet3_prefect.atomic import atomic_write_text
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
 from espnet3_prefect.metrics_stage import (MetricSpec, MetricsPlan, load_any, load_inference_config, metrics_json,
                                            prepare_metrics)
-from espnet3_prefect.rundir import as_list, enter_workdir, preload_on_main_thread
+from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.tasks.score import dataset_column, score
+from espnet3_prefect.util import as_list, is_number
 
 
 @flow(name="metrics", log_prints=True, validate_parameters=True)
@@ -112,7 +113,7 @@ def headline(label: str, result: dict[str, Any]) -> Any:
     """The score a metric is known by: the value under its own name, else its first number."""
     if label in result:
         return result[label]
-    return next((v for v in result.values() if isinstance(v, (int, float)) and not isinstance(v, bool)), None)
+    return next((v for v in result.values() if is_number(v)), None)
 
 
 def format_scores(plan: MetricsPlan, results: dict[str, dict[str, Any]]) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
-from espnet3_prefect.dispatch import forget_env, run_shards, take_run_lock
+from espnet3_prefect.flows.dispatch import forget_env, run_shards, take_run_lock
 from espnet3_prefect.plan import write_manifest
 from espnet3_prefect.report import format_summary, summary_rows
 from espnet3_prefect.resume import remove_stale, shards_to_redo

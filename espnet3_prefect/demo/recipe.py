@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from .dtmf import DTMFDecoder, collate, make_corpus, read_corpus, read_wav
+from .decoder import DTMFDecoder, collate
+from .dtmf import make_corpus, read_corpus, read_wav
 
 # test set name -> make_corpus arguments. test_noisy: louder noise, and every 25th utterance has one
 # impaired tone (8 of 200: 2 each of weak tone, merged presses, crosstalk, stray key), so the demo

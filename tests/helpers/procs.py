@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from espnet3_prefect.server import pid_alive  # noqa: F401  (re-exported for the tests)
+from espnet3_prefect._proc import pid_alive  # noqa: F401  (re-exported for the tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "espnet3_prefect.cli"]

@@ -83,9 +83,9 @@ def batch_parallel(backend: dict, n_workers: int = 2, num_shards: int | None = N
 
 def queue_jobs(env: str) -> list[tuple[str, str]]:
     """(job id, job name) of every job the scheduler lists."""
-    from espnet3_prefect.cluster import queue_for
+    from espnet3_prefect import backends
 
-    return [(j.job_id, j.name) for j in queue_for(env).jobs()]
+    return [(j.job_id, j.name) for j in backends.get(env).queue.jobs()]
 
 
 def wait_no_jobs(env: str, tag: str, timeout_s: float = 5.0) -> list:
@@ -108,7 +108,7 @@ def run_flow(tmp_path, cfg: dict, overrides=(), name="inference.yaml"):
 
 
 def run_tag(flow_run_id: str) -> str:
-    from espnet3_prefect.cluster import run_tag as tag
+    from espnet3_prefect.backends.jobs import run_tag as tag
 
     return tag(flow_run_id)
 

@@ -34,13 +34,22 @@ def forward_counts(tmp_path) -> collections.Counter:
     return collections.Counter(int(line.split()[1]) for line in read_lines(tmp_path / "forward.log"))
 
 
-def _task_run_state(flow_run_id, name):
+def _task_run_state(flow_run_id, name, timeout_s: float = 30.0):
+    """The state of the flow run's task run ``name``, once Prefect has recorded it: workers send task
+    runs as events, which the server records a little later (at most ``timeout_s``)."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return next(t.state for t in runs if t.name == name)
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            found = [t.state for t in runs if t.name == name]
+            if found or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    assert found, f"no task run {name!r} recorded for flow run {flow_run_id} within {timeout_s} s"
+    return found[0]
 
 
 def test_worker_killed_once_mid_shard_reruns_only_that_shard(prefect_server, tmp_path):

@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from espnet3_prefect.demo.decoder import DTMFDecoder, collapse, collate
 from espnet3_prefect.demo.dtmf import (
     DTMF_FREQS_HZ,
     IMPAIRMENTS,
     KEYS,
-    DTMFDecoder,
-    collapse,
-    collate,
     heard,
     make_corpus,
     read_corpus,

@@ -17,9 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect import ParallelSpec
-from espnet3_prefect.jobqueue import dump_yaml, render_job_script, render_kube_spec
-from espnet3_prefect.parallel import cluster_kwargs, load_cluster_class
+from espnet3_prefect import backends
+from espnet3_prefect.backends import cluster_kwargs
+from espnet3_prefect.backends.kube import render_kube_spec
+from espnet3_prefect.backends.preview import dump_yaml, render_job_script
+from espnet3_prefect.parallel import ParallelSpec
+
+
+def load_cluster_class(env):
+    return backends.get(env).load_cluster_class()
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
 JOB_NAME = "e3p-0123456789"

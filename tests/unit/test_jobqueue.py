@@ -9,14 +9,24 @@ import time
 
 import pytest
 
-from espnet3_prefect import ConfigError, ParallelSpec, build_task_runner
-from espnet3_prefect.cluster import (QueuedJob, _ours, cancel_jobs_hook, job_log_files, run_job_name, run_tag,
-                                     tail)
-from espnet3_prefect.jobqueue import default_margin_s, walltime_seconds, worker_lifetime
-from espnet3_prefect.parallel import adapt_kwargs, cluster_kwargs
+from espnet3_prefect import backends
+from espnet3_prefect.backends import cluster_kwargs
+from espnet3_prefect.backends.jobs import QueuedJob, _ours, job_log_files, run_job_name, run_tag, tail
+from espnet3_prefect.backends.walltime import default_margin_s, worker_lifetime
+from espnet3_prefect.cluster import cancel_jobs_hook
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.parallel import ParallelSpec, build_task_runner
 from tests.conftest import ROOT, write_yaml
 
 BASE = {"cores": 1, "memory": "1GB"}
+
+
+def walltime_seconds(env, text):
+    return backends.get(env).walltime_seconds(text)
+
+
+def adapt_kwargs(spec):
+    return backends.get(spec.env).adapt_kwargs(spec)
 
 
 def spec(env="slurm", n_workers=2, margin=None, **options):
@@ -226,10 +236,10 @@ class _NoWorkers:
 
 
 def test_watcher_warns_while_no_worker_connects_and_fails_on_rejected_submissions(tmp_path):
-    from espnet3_prefect.cluster import JobWatcher
+    from espnet3_prefect.backends.watcher import JobWatcher
 
     log, aborted = _Log(), []
-    watcher = JobWatcher("pbs", "e3p-0123456789", tmp_path, _NoWorkers(), log, expected_jobs=2,
+    watcher = JobWatcher(backends.get("pbs"), "e3p-0123456789", tmp_path, _NoWorkers(), log, expected_jobs=2,
                          abort=lambda: aborted.append(True), poll_s=0.05, start_warn_s=0.2)
     watcher.start()
     time.sleep(0.6)
@@ -241,7 +251,7 @@ def test_watcher_warns_while_no_worker_connects_and_fails_on_rejected_submission
     errors = [RuntimeError("Command exited with non-zero exit code.\nExit code: 1\nCommand:\nqsub x.sh\n"
                            "stdout:\n\nstderr:\nqsub: Unknown queue\n")] * 2
     log = _Log()
-    watcher = JobWatcher("pbs", "e3p-0123456789", tmp_path, _NoWorkers(), log, expected_jobs=2,
+    watcher = JobWatcher(backends.get("pbs"), "e3p-0123456789", tmp_path, _NoWorkers(), log, expected_jobs=2,
                          abort=lambda: aborted.append(True), poll_s=0.05, submit_errors=errors)
     watcher.start()
     watcher.join(timeout=5)

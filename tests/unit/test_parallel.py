@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from espnet3_prefect import ConfigError, MissingExtraError, ParallelSpec, build_task_runner
-from espnet3_prefect.parallel import check_gpu_count, cluster_kwargs, visible_gpu_count
+from espnet3_prefect.backends import cluster_kwargs
+from espnet3_prefect.backends.local import check_gpu_count, visible_gpu_count
+from espnet3_prefect.errors import ConfigError, MissingExtraError
+from espnet3_prefect.parallel import ParallelSpec, build_task_runner
 
 
 def test_local_defaults_bind_loopback_and_user_options_win():
@@ -58,3 +60,11 @@ def test_managed_and_misplaced_options_are_rejected():
         ParallelSpec.from_config({"options": {"asynchronous": True}})
     with pytest.raises(ConfigError, match="parallel.options.n_workers: set parallel.n_workers instead"):
         ParallelSpec.from_config({"options": {"n_workers": 2}})
+
+
+def test_allow_overwrite_lock_is_espnet3s_boolean():
+    assert ParallelSpec.from_config({"env": "local", "allow_overwrite_lock": True}).allow_overwrite_lock is True
+    assert ParallelSpec.from_config({"env": "local"}).allow_overwrite_lock is False
+    assert ParallelSpec.from_config({"address": "tcp://127.0.0.1:8786", "allow_overwrite_lock": False}).address
+    with pytest.raises(ConfigError, match="^parallel.allow_overwrite_lock: must be true or false, got 'yes'$"):
+        ParallelSpec.from_config({"allow_overwrite_lock": "yes"})

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from espnet3_prefect._proc import descendants
 from espnet3_prefect import server
 from espnet3_prefect.server import (
     ServerRecord,
@@ -185,7 +186,7 @@ def test_deploy_local_server_is_stopped_with_its_worker_and_the_runs_it_started(
                     "import subprocess, sys, time; subprocess.Popen(['sleep', '120'], start_new_session=True);"
                     "time.sleep(120)"])
     deadline = time.monotonic() + 10
-    while not (runs := [p for p in server._children().get(worker.pid, [])]) and time.monotonic() < deadline:
+    while not (runs := [p for p in descendants(worker.pid)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert runs, "the stand-in worker did not start its flow run"
     (tmp_path / "a/deploy-local.json").write_text(json.dumps({"server_pid": a.pid, "worker_pid": worker.pid}))
@@ -200,9 +201,9 @@ def test_stop_process_tree_of_a_process_that_leads_no_group(spawn):
     parent = spawn([sys.executable, "-c",
                     "import subprocess, time; subprocess.Popen(['sleep', '120']); time.sleep(120)"])
     deadline = time.monotonic() + 10
-    while not server._children().get(parent.pid) and time.monotonic() < deadline:
+    while not descendants(parent.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    [child] = server._children()[parent.pid]
+    [child] = descendants(parent.pid)
     # Its child is in the group of `parent`; stopping the child alone (not a group leader) still works.
     assert stop_process_tree(child, timeout_s=5) and gone(child) and pid_alive(parent.pid)
     assert stop_process_tree(child) is False

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from espnet3_prefect import ConfigError, get_parallel_config, set_parallel
-from espnet3_prefect import parallel_config, workload
+from espnet3_prefect import entry, parallel_config
 from espnet3_prefect.demo.dtmf import make_corpus
 from espnet3_prefect.demo.feats import FeatsProvider, FeatsRunner, LogMel, write_npz
 from espnet3_prefect.workload import check_indices, prepare_job, runner_fingerprint
@@ -63,7 +63,7 @@ def test_a_block_registered_with_upstreams_set_parallel_is_seen_by_our_runners(m
 
 
 def test_without_a_block_runner_call_stays_in_this_process(tmp_path, monkeypatch):
-    monkeypatch.setattr(workload, "run", lambda *a, **k: pytest.fail("no flow without a parallel block"))
+    monkeypatch.setattr(entry, "run", lambda *a, **k: pytest.fail("no flow without a parallel block"))
     runner = SquareRunner(LogProvider({}), None, tmp_path / "out")
     assert runner([4, 1]) == ["4 16", "1 1"]
 

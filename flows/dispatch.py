@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import Espnet3PrefectError, describe, is_retryable
-from .lock import RunLock, acquire
-from .plan import Shard
-from .report import Progress, add_timing, empty_timing
-from .run_states import mark_flow_run_crashed, mark_task_run_crashed
+from espnet3_prefect.errors import Espnet3PrefectError, describe, is_retryable
+from espnet3_prefect.lock import RunLock, acquire
+from espnet3_prefect.plan import Shard
+from espnet3_prefect.report import Progress, add_timing, empty_timing
+from espnet3_prefect.run_states import mark_flow_run_crashed, mark_task_run_crashed
 
 
 def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, what: str | None = None,
@@ -33,7 +33,7 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
 
     from distributed import as_completed
 
-    from .tasks.run_shard import run_shard
+    from espnet3_prefect.tasks.run_shard import run_shard
 
     what = what or f"test set {stage.test_set!r}"
     pending: dict = {}
@@ -92,7 +92,7 @@ def shard_failure(future, shard: Shard, exc: Exception) -> str:
     if isinstance(exc, KilledWorker):  # Dask lost it: Prefect never saw the end of the task run
         from prefect.runtime import flow_run
 
-        from .tasks.run_shard import run_shard
+        from espnet3_prefect.tasks.run_shard import run_shard
 
         message = f"{where}: its worker died while running it ({type(exc).__name__}); not retried further"
         mark_task_run_crashed(future.task_run_id, message, task=run_shard,

@@ -17,48 +17,41 @@ import argparse
 import sys
 from pathlib import Path
 
-def add_cluster_script_parser(sub) -> None:
-    """Register the ``cluster-script`` subcommand on ``sub`` (an argparse subparsers object)."""
+from .common import add_config, configs_of
+
+
+def register(sub) -> None:
     parser = sub.add_parser("cluster-script", help="print the job script the parallel block would submit (submits nothing)",
                             description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", nargs="+", required=True, metavar="FILE_OR_OVERRIDE",
-                        help="config files merged left to right, then key=value overrides")
-    parser.add_argument("extra", nargs="*", help="more config files or key=value overrides")
-    parser.set_defaults(run=run_cluster_script)
+    add_config(parser)
+    parser.set_defaults(handler=run_cluster_script)
 
 
 def cluster_preview(cfg) -> tuple[str, str]:
     """``(kind, text)`` for a loaded config: ``("job script", ...)`` or ``("yaml", ...)``."""
     from omegaconf import OmegaConf
 
-    from .cluster import default_log_directory
-    from .jobqueue import JOBQUEUE_ENVS, dump_yaml, render_job_script, render_kube_spec
-    from .parallel import ParallelSpec, cluster_kwargs, load_cluster_class
+    from .. import backends
+    from ..backends.base import ClusterContext
+    from ..backends.jobs import JOB_PREFIX, default_log_directory
+    from ..backends.preview import dump_yaml
+    from ..parallel import ParallelSpec
 
     block = cfg.get("parallel")
     spec = ParallelSpec.from_config(OmegaConf.to_container(block, resolve=True) if block else None)
     if spec.address:
         return "yaml", dump_yaml({"address": spec.address, "n_workers": spec.n_workers})
     inference_dir = Path(str(cfg.get("inference_dir") or ".")).expanduser().resolve()
-    job_name = f"{spec.options.get('job_name') or 'e3p'}-preview"
-    log_dir = default_log_directory(inference_dir, job_name)
-    kwargs = cluster_kwargs(spec, job_name=job_name, log_directory=str(log_dir))
-    if spec.env in JOBQUEUE_ENVS:
-        return "job script", render_job_script(load_cluster_class(spec.env), kwargs)
-    if spec.env == "kube":
-        resource = render_kube_spec(kwargs)
-        if resource is not None:
-            return "yaml", dump_yaml(resource)
-        return "yaml", ("# dask-kubernetes is not installed (pip install \"espnet3-prefect[kube]\"): "
-                        "the KubeCluster arguments\n" + dump_yaml(kwargs))
-    return "yaml", f"# env {spec.env}: no job script; the cluster arguments\n" + dump_yaml(kwargs)
+    job_name = f"{spec.options.get('job_name') or JOB_PREFIX}-preview"
+    context = ClusterContext(job_name=job_name, log_directory=str(default_log_directory(inference_dir, job_name)))
+    backend = backends.get(spec.env)
+    return backend.preview(spec, backend.cluster_kwargs(spec, context))
 
 
 def run_cluster_script(args: argparse.Namespace) -> int:
-    from .cli import split_args
-    from .config import load_config
+    from ..config import load_config
 
-    configs, overrides = split_args([*args.config, *args.extra])
+    configs, overrides = configs_of(args)
     kind, text = cluster_preview(load_config(configs, overrides))
     if kind == "job script":
         print("# job name and scheduler address are set per flow run; nothing was submitted", file=sys.stderr)

@@ -1,0 +1,27 @@
+"""Doctests: ``pytest`` collects the examples in espnet3_prefect/, flows/ and tasks/ (``--doctest-modules``).
+
+flows/ and tasks/ are installed as ``espnet3_prefect.flows`` and ``espnet3_prefect.tasks``. Collected
+by path, their modules would be imported a second time as ``flows.infer`` ...; here they are
+imported once, under their installed names, and pytest finds them there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+INSTALLED_AS = {"flows": "espnet3_prefect.flows", "tasks": "espnet3_prefect.tasks"}
+
+
+def pytest_collect_file(file_path: Path, parent):
+    folder = file_path.parent
+    if file_path.suffix != ".py" or folder.parent != ROOT or folder.name not in INSTALLED_AS:
+        return None
+    package = INSTALLED_AS[folder.name]
+    sys.modules.setdefault(folder.name, importlib.import_module(package))
+    if file_path.stem != "__init__":
+        name = f"{folder.name}.{file_path.stem}"
+        sys.modules.setdefault(name, importlib.import_module(f"{package}.{file_path.stem}"))
+    return None

@@ -1,0 +1,65 @@
+"""``env: local`` (a ``distributed.LocalCluster`` of processes) and ``env: local_gpu`` (dask-cuda, one
+worker per visible GPU). Both bind the scheduler and dashboards to 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import ConfigError
+from .base import LOOPBACK_DASHBOARD, Backend, ClusterContext, keyword_names
+
+
+class LocalBackend(Backend):
+    name = "local"
+    cluster_class = "distributed.LocalCluster"
+    refuses_scheduler_options = True
+    defaults: dict[str, Any] = {"host": "127.0.0.1", "dashboard_address": LOOPBACK_DASHBOARD,
+                                "threads_per_worker": 1, "processes": True}
+
+    def valid_options(self) -> set[str] | None:
+        from distributed import LocalCluster, Nanny, Worker
+
+        return keyword_names(LocalCluster, Nanny, Worker)
+
+    def cluster_kwargs(self, spec, context: ClusterContext) -> dict[str, Any]:
+        return {**self.defaults, **spec.options, "n_workers": spec.n_workers}
+
+
+class LocalGpuBackend(LocalBackend):
+    name = "local_gpu"
+    cluster_class = "dask_cuda.LocalCUDACluster"
+    extra = "gpu"
+    defaults = {"host": "127.0.0.1", "dashboard_address": LOOPBACK_DASHBOARD}
+
+    def valid_options(self) -> set[str] | None:
+        return None  # whatever the installed dask-cuda accepts, checked when it starts
+
+    def before_start(self, spec) -> None:
+        check_gpu_count(spec.n_workers, visible_gpu_count())
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    from .._proc import CommandError, run_command
+
+    try:
+        out = run_command(["nvidia-smi", "-L"], timeout_s=20).stdout
+    except CommandError:
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def check_gpu_count(n_workers: int, visible: int) -> None:
+    """``local_gpu`` runs one worker per GPU: more workers than visible GPUs is an error."""
+    if n_workers > visible:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        raise ConfigError(
+            f"parallel.n_workers: {n_workers} exceeds the {visible} visible GPU(s) for env 'local_gpu' "
+            f"(CUDA_VISIBLE_DEVICES={shown})")
+
+
+BACKENDS = (LocalBackend(), LocalGpuBackend())

@@ -1,0 +1,57 @@
+"""``espnet3-prefect``: run ESPnet3 stages as Prefect flows from the shell.
+
+    espnet3-prefect infer --config conf/inference.yaml [deployments/parallel_local.yaml] [key=value ...]
+
+Also ``metrics``, ``evaluate`` (:mod:`.stages`), ``infer --detach`` (:mod:`.detach`),
+``deploy-local`` (:mod:`.deploy`) and ``cluster-script`` (:mod:`.cluster_script`). Each module
+registers its subcommands with a ``handler``; :func:`main` parses once and calls it.
+
+Without ``PREFECT_API_URL`` it starts (or reuses) one local Prefect server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Sequence
+
+from ..errors import Espnet3PrefectError, one_line
+from ..util import put_on_pythonpath
+from . import cluster_script, deploy, detach, stages
+from .common import split_args
+
+__all__ = ["build_parser", "main", "split_args"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="espnet3-prefect", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    infer = stages.register(sub)  # infer, metrics, evaluate
+    detach.register(infer)        # infer --detach
+    deploy.register(sub)          # deploy-local [--stop]
+    cluster_script.register(sub)  # cluster-script
+    return parser
+
+
+def _terminate_cleanly(signum, frame) -> None:
+    """SIGTERM (scancel, kill, a deployment's cancel) unwinds like Ctrl-C: the server we started stops."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate_cleanly)
+    put_on_pythonpath(os.getcwd())  # recipe modules (src.inference.MyProvider) import on workers and in jobs
+    try:
+        return args.handler(args)
+    except Espnet3PrefectError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    except KeyboardInterrupt:
+        print("error: interrupted; finished shards are kept and a re-run resumes from them", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a failed flow run: Prefect already logged the details
+        print(f"error: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
+        return 1

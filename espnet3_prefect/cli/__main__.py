@@ -1,0 +1,7 @@
+"""``python -m espnet3_prefect.cli`` is the ``espnet3-prefect`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

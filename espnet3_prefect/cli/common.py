@@ -1,0 +1,72 @@
+"""What the subcommands share: their config arguments, the server options, and the one way a stage
+runs from the shell (validate the config, then a Prefect server, then the flow, then print)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, Sequence
+
+from ..server import STATE_DIR_HELP
+
+CONFIG_HELP = "config files merged left to right, then key=value overrides"
+
+
+def split_args(items: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separate config files from overrides (``key=value``, ``+key=value``, ``~key``).
+
+    >>> split_args(["a.yaml", "parallel.n_workers=2", "b.yml", "~x"])
+    (['a.yaml', 'b.yml'], ['parallel.n_workers=2', '~x'])
+    """
+    configs, overrides = [], []
+    for item in items:
+        (overrides if ("=" in item or item.startswith("~")) else configs).append(item)
+    return configs, overrides
+
+
+def add_config(parser: argparse.ArgumentParser, flag: str = "--config", help: str = CONFIG_HELP,
+               extra: bool = True) -> None:
+    """``--config FILE_OR_OVERRIDE...`` (and, with ``extra``, more of them as positional arguments)."""
+    parser.add_argument(flag, nargs="+", required=True, metavar="FILE_OR_OVERRIDE", help=help)
+    if extra:
+        parser.add_argument("extra", nargs="*", help="more config files or key=value overrides")
+
+
+def configs_of(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """``(config files, overrides)`` from ``--config`` and the positional extras."""
+    return split_args([*args.config, *getattr(args, "extra", [])])
+
+
+def add_server_options(parser: argparse.ArgumentParser, state_dir_help: str = STATE_DIR_HELP,
+                       keep: bool = True) -> None:
+    """``--state-dir`` (where the embedded server keeps its state) and ``--keep-server``."""
+    parser.add_argument("--state-dir", default=None, help=state_dir_help)
+    if keep:
+        parser.add_argument("--keep-server", action="store_true",
+                            help="leave the embedded Prefect server running (to browse the UI afterwards)")
+
+
+class SwitchCommand(argparse.Action):
+    """A flag that hands the command to another handler (``infer --detach``, ``deploy-local --stop``)."""
+
+    def __init__(self, option_strings, dest, handler: Callable[[argparse.Namespace], int], **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+        self.handler = handler
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True)
+        namespace.handler = self.handler
+
+
+def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Callable[[], Any],
+              show: Callable[[Any], None]) -> int:
+    """Validate (every config error before any server starts), then run the flow with a Prefect API
+    (``$PREFECT_API_URL`` or the embedded server), then print what it returned."""
+    validate()
+    from ..server import prefect_api
+
+    with prefect_api(args.state_dir, keep=args.keep_server) as api_url:
+        print(f"Prefect API: {api_url}", file=sys.stderr)
+        result = run()  # flows are imported by ``run``, once the API is set
+    show(result)
+    return 0

@@ -1,0 +1,183 @@
+"""``deploy-local``: a local Prefect server, a process work pool, ``prefect deploy --all`` and a process
+worker, in one step (127.0.0.1); ``deploy-local --stop`` ends them (and the worker's flow runs).
+
+    espnet3-prefect deploy-local [--port 4200]
+    espnet3-prefect deploy-local --stop
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .._proc import pid_alive, stop_tree
+from ..errors import Espnet3PrefectError
+from ..util import read_json
+from .common import SwitchCommand, add_server_options
+
+DEFAULT_POOL = "espnet3-local"
+DEFAULT_UI_PORT = 4200
+STATE_FILE = "deploy-local.json"
+WORKER_START_TIMEOUT_S = 120
+
+
+def register(sub) -> None:
+    deploy = sub.add_parser("deploy-local", help="local Prefect server + process work pool + prefect deploy --all "
+                                                 "+ a process worker, in one step (127.0.0.1)")
+    deploy.add_argument("--stop", action=SwitchCommand, handler=stop_local,
+                        help="stop the worker and server deploy-local started")
+    deploy.add_argument("--port", type=int, default=None,
+                        help=f"server port on 127.0.0.1 (default {DEFAULT_UI_PORT} when free, else a free one)")
+    deploy.add_argument("--pool", default=DEFAULT_POOL, help="process work pool name (default %(default)s)")
+    deploy.add_argument("--project-dir", default=None,
+                        help="checkout holding prefect.yaml (default: this folder if it has one, else the "
+                             "checkout espnet3-prefect is installed from)")
+    add_server_options(deploy, keep=False, state_dir_help="server database, logs and pids (default "
+                                                          "$ESPNET3_PREFECT_HOME or ~/.espnet3-prefect)")
+    deploy.set_defaults(handler=deploy_local)
+
+
+def _project(project_dir: str | None) -> Path:
+    from ..deploy_steps import project_root
+    from ..errors import ConfigError
+
+    if project_dir is None and (Path.cwd() / "prefect.yaml").is_file():
+        project_dir = os.getcwd()
+    root = project_root(project_dir)
+    if not (root / "prefect.yaml").is_file():
+        raise ConfigError(f"--project-dir: {root} has no prefect.yaml")
+    return root
+
+
+def _client_env(api_url: str, home: Path, project: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_API_URL=api_url, PREFECT_HOME=str(home / "client_home"), ESPNET3_PREFECT_ROOT=str(project),
+               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    return env
+
+
+def _choose_port(port: int | None) -> int:
+    from ..server import free_port
+
+    if port:
+        return port
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", DEFAULT_UI_PORT))
+            return DEFAULT_UI_PORT
+        except OSError:
+            return free_port()
+
+
+def _wait_for_worker(api_url: str, pool: str, proc: subprocess.Popen, log: Path) -> float:
+    from prefect.client.orchestration import SyncPrefectClient
+
+    started = time.monotonic()
+    with SyncPrefectClient(api_url) as client:
+        while time.monotonic() - started < WORKER_START_TIMEOUT_S:
+            if proc.poll() is not None:
+                tail = " ".join(log.read_text(errors="replace").split()[-80:])
+                raise Espnet3PrefectError(f"the worker exited with code {proc.returncode}; log {log}: {tail}")
+            if any(str(w.status).upper().endswith("ONLINE") for w in client.read_workers_for_work_pool(pool)):
+                return time.monotonic() - started
+            time.sleep(0.5)
+    raise Espnet3PrefectError(f"the worker did not come online on pool {pool!r} in {WORKER_START_TIMEOUT_S} s; see {log}")
+
+
+def deploy_local(args: argparse.Namespace) -> int:
+    """Server (reused when running) + work pool + ``prefect deploy --all`` + a process worker."""
+    from .._proc import run_command
+    from ..atomic import atomic_write_text
+    from ..server import prefect_executable, running_server, start_server, state_dir
+
+    home = state_dir(args.state_dir)
+    project = _project(args.project_dir)
+    current = read_json(home / STATE_FILE)
+    if current and pid_alive(current.get("worker_pid", -1)) and running_server(home):
+        _print_ready(current, "already running")
+        return 0
+    if os.environ.get("PREFECT_API_URL"):
+        print("note: PREFECT_API_URL is set in this shell; deploy-local uses its own local server", file=sys.stderr)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    info = running_server(home)
+    if info is None:
+        proc, api_url = start_server(home, port=_choose_port(args.port), ui=True)
+        info = {"pid": proc.pid, "api_url": api_url, "ui_url": api_url[: -len("/api")]}
+        atomic_write_text(home / "server.json", json.dumps(info))
+    timings["server_s"] = time.monotonic() - t0
+    # While deploy-local's server runs it counts as a user, so `espnet3-prefect infer` reuses it
+    # and leaves it running.
+    (home / "users").mkdir(exist_ok=True)
+    (home / "users" / str(info["pid"])).touch()
+    env = _client_env(info["api_url"], home, project)
+    prefect = prefect_executable()
+    t1 = time.monotonic()
+    run_command([prefect, "work-pool", "create", args.pool, "--type", "process", "--overwrite"], env=env,
+                timeout_s=120)
+    run_command([prefect, "--no-prompt", "deploy", "--all", "--pool", args.pool], env=env, timeout_s=600,
+                cwd=str(project))
+    timings["deploy_s"] = time.monotonic() - t1
+    log = home / "worker.log"
+    with open(log, "ab") as handle:
+        worker = subprocess.Popen([prefect, "worker", "start", "--pool", args.pool, "--type", "process"],
+                                  env=env, cwd=str(project), stdout=handle, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+    state = {"server_pid": info["pid"], "worker_pid": worker.pid, "api_url": info["api_url"], "ui_url": info["ui_url"],
+             "pool": args.pool, "project_dir": str(project), "state_dir": str(home), "worker_log": str(log)}
+    atomic_write_text(home / STATE_FILE, json.dumps(state, indent=2))
+    try:
+        timings["worker_s"] = _wait_for_worker(info["api_url"], args.pool, worker, log)
+    except Espnet3PrefectError:
+        stop_tree(worker.pid)
+        raise
+    state["timings"] = {k: round(v, 2) for k, v in timings.items()}
+    atomic_write_text(home / STATE_FILE, json.dumps(state, indent=2))
+    _print_ready(state, f"ready in {time.monotonic() - t0:.1f} s "
+                        f"(server {timings['server_s']:.1f} s, pool + deploy {timings['deploy_s']:.1f} s, "
+                        f"worker {timings['worker_s']:.1f} s)")
+    return 0
+
+
+def _print_ready(state: dict, headline: str) -> None:
+    from ..server import state_dir
+
+    print(f"espnet3-prefect local deployments {headline}")
+    print(f"  UI:      {state['ui_url']}")
+    print(f"  API:     export PREFECT_API_URL={state['api_url']}")
+    print(f"  worker:  pid {state['worker_pid']} on process pool {state['pool']!r} (log {state['worker_log']})")
+    print(f"  project: {state['project_dir']}")
+    print("  try:     prefect deployment run infer/local --watch")
+    print("           espnet3-prefect infer --detach --config recipes/dtmf/conf/inference.yaml")
+    custom = Path(state["state_dir"]) != state_dir(None)
+    print("  stop:    espnet3-prefect deploy-local --stop" + (f" --state-dir {state['state_dir']}" if custom else ""))
+
+
+def stop_local(args: argparse.Namespace) -> int:
+    """Stop the worker (and its flow runs) and the server recorded by ``deploy-local``."""
+    from ..server import state_dir
+
+    home = state_dir(args.state_dir)
+    state = read_json(home / STATE_FILE)
+    if state is None:
+        print(f"nothing to stop: no {home / STATE_FILE}")
+        return 0
+    stopped = []
+    if stop_tree(state["worker_pid"]):
+        stopped.append(f"worker pid {state['worker_pid']}")
+    if stop_tree(state["server_pid"]):
+        stopped.append(f"server pid {state['server_pid']}")
+    (home / "users" / str(state["server_pid"])).unlink(missing_ok=True)
+    server = read_json(home / "server.json")
+    if isinstance(server, dict) and server.get("pid") == state["server_pid"]:
+        (home / "server.json").unlink(missing_ok=True)
+    (home / STATE_FILE).unlink(missing_ok=True)
+    print("stopped " + (", ".join(stopped) if stopped else "nothing (already gone)"))
+    return 0

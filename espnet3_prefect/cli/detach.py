@@ -1,0 +1,84 @@
+"""``infer --detach``: submit a run of a deployment and return at once (replaces ESPnet3's async_mode).
+
+    espnet3-prefect infer --detach --config conf/inference.yaml [--deployment infer/slurm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..errors import Espnet3PrefectError
+from .common import SwitchCommand, configs_of
+
+
+def register(infer: argparse.ArgumentParser) -> None:
+    """Add ``--detach`` and ``--deployment`` to the ``infer`` parser."""
+    infer.add_argument("--detach", action=SwitchCommand, handler=run_detach,
+                       help="submit a run of a deployment (default infer/local) and return at once; "
+                            "the run survives this shell (replaces ESPnet3's async_mode)")
+    infer.add_argument("--deployment", default="infer/local",
+                       help="with --detach: the deployment to run, e.g. infer/slurm (default %(default)s)")
+
+
+def _deployment_name(name: str) -> str:
+    return name if "/" in name else f"infer/{name}"
+
+
+def find_api(state: str | None) -> str:
+    """``$PREFECT_API_URL``, else the server ``deploy-local`` (or ``--keep-server``) left running."""
+    from ..server import healthy, running_server, state_dir
+
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        if not healthy(url):
+            raise Espnet3PrefectError(f"PREFECT_API_URL={url} does not answer")
+        return url
+    info = running_server(state_dir(state))
+    if info is None:
+        raise Espnet3PrefectError("no Prefect server to submit to: run `espnet3-prefect deploy-local` "
+                                  "(or set PREFECT_API_URL to a server with the deployments)")
+    return info["api_url"]
+
+
+def run_detach(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..stage import prepare_stages
+
+    configs, overrides = configs_of(args)
+    prepare_stages(load_config(configs, overrides))  # fail here, not in the worker
+    api_url = find_api(args.state_dir)
+    name = _deployment_name(args.deployment)
+    parameters = {"config": [str(Path(c).resolve()) for c in configs], "overrides": overrides,
+                  "workdir": os.getcwd()}
+    flow_run, online = submit(api_url, name, parameters)
+    ui = api_url[: -len("/api")] if api_url.endswith("/api") else api_url
+    print(f"flow run id: {flow_run.id}")
+    print(f"flow run:    {flow_run.name} of deployment {name}")
+    print(f"UI:          {ui}/runs/flow-run/{flow_run.id}")
+    print(f"watch:       PREFECT_API_URL={api_url} prefect flow-run logs {flow_run.id}")
+    if not online:
+        print("warning: no worker is online on the deployment's work pool; the run waits until one starts "
+              "(espnet3-prefect deploy-local starts one)", file=sys.stderr)
+    return 0
+
+
+def submit(api_url: str, name: str, parameters: dict):
+    """Create a flow run of deployment ``name``; return it and whether its pool has a worker online."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.exceptions import ObjectNotFound
+
+    with SyncPrefectClient(api_url) as client:
+        try:
+            deployment = client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            raise Espnet3PrefectError(f"deployment {name!r} not found on {api_url}: run `espnet3-prefect deploy-local` "
+                                      f"or `prefect deploy --all` from the project folder") from None
+        flow_run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+        online = False
+        if deployment.work_pool_name:
+            workers = client.read_workers_for_work_pool(deployment.work_pool_name)
+            online = any(str(getattr(w, "status", "")).upper().endswith("ONLINE") for w in workers)
+    return flow_run, online

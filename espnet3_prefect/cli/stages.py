@@ -1,0 +1,110 @@
+"""``infer``, ``metrics`` and ``evaluate``: one stage (or both) as a flow run in this process.
+
+    espnet3-prefect infer    --config conf/inference.yaml [deployments/parallel_local.yaml] [key=value ...]
+    espnet3-prefect metrics  --config conf/metrics.yaml [key=value ...] [--inference-config conf/inference.yaml ...]
+    espnet3-prefect evaluate --config conf/inference.yaml [parallel.yaml] --metrics-config conf/metrics.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .common import add_config, add_server_options, configs_of, run_stage, split_args
+
+
+def register(sub) -> argparse.ArgumentParser:
+    """Add the three stage commands to ``sub``; returns the ``infer`` parser (``--detach`` joins it)."""
+    infer = sub.add_parser("infer", help="run the infer stage (flow 'infer')")
+    add_config(infer)
+    add_server_options(infer)
+    infer.set_defaults(handler=run_infer)
+
+    metrics = sub.add_parser("metrics", help="run the metrics stage (flow 'metrics')")
+    add_config(metrics, help="metrics config files merged left to right, then key=value overrides")
+    metrics.add_argument("--inference-config", nargs="+", default=[], metavar="FILE_OR_OVERRIDE",
+                         help="inference config files, then key=value overrides: the test sets dataset:<column> "
+                              "inputs read (and inference_dir when the metrics config has none)")
+    add_server_options(metrics)
+    metrics.set_defaults(handler=run_metrics)
+
+    evaluate = sub.add_parser("evaluate", help="infer then metrics, with a score history (flow 'evaluate')")
+    add_config(evaluate, help="inference config files, then key=value overrides for infer", extra=False)
+    add_config(evaluate, "--metrics-config", help="metrics config files, then key=value overrides for metrics",
+               extra=False)
+    add_server_options(evaluate)
+    evaluate.set_defaults(handler=run_evaluate)
+    return infer
+
+
+def run_infer(args: argparse.Namespace) -> int:
+    configs, overrides = configs_of(args)
+
+    def validate():
+        from ..config import load_config
+        from ..stage import prepare_stages
+
+        prepare_stages(load_config(configs, overrides))
+
+    def run():
+        from ..flows.infer import infer
+
+        return infer(config=[str(Path(c)) for c in configs], overrides=overrides)
+
+    def show(summaries):
+        from ..report import format_summary
+
+        print(format_summary(summaries))
+
+    return run_stage(args, validate=validate, run=run, show=show)
+
+
+def run_metrics(args: argparse.Namespace) -> int:
+    configs, overrides = configs_of(args)
+    i_configs, i_overrides = split_args(args.inference_config)
+
+    def validate():
+        from ..config import load_config
+        from ..metrics_stage import load_inference_config, prepare_metrics
+
+        prepare_metrics(load_config(configs, overrides),
+                        inference_config=load_inference_config(i_configs, i_overrides))
+
+    def run():
+        from ..flows.metrics import metrics
+
+        return metrics(config=configs, overrides=overrides, inference_config=i_configs or None,
+                       inference_overrides=i_overrides)
+
+    def show(results):
+        for key, per_test in results.items():
+            for test_set, result in per_test.items():
+                print(f"{test_set}: {key}: {json.dumps(result)}")
+
+    return run_stage(args, validate=validate, run=run, show=show)
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    i_configs, i_overrides = split_args(args.config)
+    m_configs, m_overrides = split_args(args.metrics_config)
+
+    def validate():
+        from ..flows.evaluate import plan_evaluation
+
+        plan_evaluation(i_configs, m_configs, i_overrides, m_overrides)
+
+    def run():
+        from ..flows.evaluate import evaluate
+
+        return evaluate(infer_config=i_configs, metrics_config=m_configs, infer_overrides=i_overrides,
+                        metrics_overrides=m_overrides)
+
+    def show(record):
+        print(record["status"])
+        for label, per_test in record["headline"].items():
+            for test_set, value in per_test.items():
+                print(f"{test_set}: {label} {value}")
+        print(f"history: {Path(record['inference_dir']) / 'evaluate_history.jsonl'}")
+
+    return run_stage(args, validate=validate, run=run, show=show)

@@ -1,0 +1,66 @@
+"""Small helpers shared across the package: value checks, list parameters, JSON files, PYTHONPATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool`` (YAML's ``true`` is not a count).
+
+    >>> is_int(3), is_int(True), is_int(3.0)
+    (True, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An ``int`` or ``float`` that is not a ``bool``.
+
+    >>> is_number(0.5), is_number(2), is_number(False), is_number("1")
+    (True, True, False, False)
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def as_list(value: Any) -> list[str]:
+    """A config/overrides parameter as a list of strings (a single string is one item).
+
+    >>> as_list(None), as_list("a.yaml"), as_list(["a.yaml", Path("b.yaml")])
+    ([], ['a.yaml'], ['a.yaml', 'b.yaml'])
+    """
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def read_json(path: str | os.PathLike) -> Any | None:
+    """The parsed content of a JSON file; None when it is missing, unreadable or not JSON.
+
+    >>> read_json("/nonexistent/file.json") is None
+    True
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def put_on_pythonpath(folder: str | os.PathLike, *, first: bool = True, here_too: bool = True) -> str:
+    """Make modules in ``folder`` importable by processes started from now on (Dask workers, batch
+    jobs: they get ``PYTHONPATH``) and, with ``here_too``, in this process (``sys.path``).
+
+    ``first`` puts it in front (a recipe folder: ``src.inference`` must win); otherwise it is
+    appended, so nothing already on the path is shadowed. Returns the absolute folder.
+    """
+    here = str(Path(folder).resolve())
+    if here_too and here not in sys.path:
+        sys.path.insert(0, here) if first else sys.path.append(here)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if here not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *parts] if first else [*parts, here])
+    return here
