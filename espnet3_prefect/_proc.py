@@ -97,30 +97,34 @@ def descendants(pid: int) -> list[int]:
 def stop_tree(pid: int, timeout_s: float = 15) -> bool:
     """Stop ``pid``, its process group and every process it started, also those in their own session
     (a Prefect worker starts each flow run as a child, which starts Dask workers): TERM, then KILL.
-    True when something was running."""
-    if not pid_alive(pid):
+    False when ``pid`` was not running (gone, or a zombie). Descendants are found through Linux
+    ``/proc`` (elsewhere only the group goes)."""
+    if not (pid > 0 and running(pid)):
         return False
-    tree = descendants(pid)
-    stop_group(pid, timeout_s=timeout_s)
+    family = descendants(pid)
+    stop_group(pid, timeout_s=timeout_s)  # does nothing when pid leads no group: then it goes with the family
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        left = [p for p in tree if pid_alive(p)]
+        left = [p for p in (pid, *family) if running(p)]
         for child in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, sig)
         deadline = time.monotonic() + timeout_s
         while left and time.monotonic() < deadline:
-            left = [p for p in left if pid_alive(p) and not _reaped(p)]
             time.sleep(0.2)
+            left = [p for p in left if running(p)]
+        if not left:
+            break
     return True
 
 
-def _reaped(pid: int) -> bool:
-    """True when ``pid`` is a zombie child of ours that is now reaped (or not our child)."""
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a child of ours that exited is reaped on the way)."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    if not pid_alive(pid):
+        return False
     try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == pid
-    except ChildProcessError:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
-        except OSError:
-            return True
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

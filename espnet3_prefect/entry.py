@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .config import load_config_input
 from .errors import ConfigError
+from .parallel import preflight
 from .parallel_config import DEFAULT_PARALLEL, active_parallel_config
 from .prefetch import DEFAULT_PREFETCH
 from .runner import set_call_handler
@@ -40,7 +41,7 @@ def infer(config: DictConfig) -> None:
     """Run inference over every test set of ``config`` and write ``<inference_dir>/<test>/<field>.scp``,
     as ``espnet3.systems.base.inference.infer`` does, as the Prefect flow ``infer``."""
     plain = _plain(config)
-    prepare_stages(load_config_input(plain))  # every config error before a server or cluster starts
+    preflight(prepare_stages(load_config_input(plain))[0])  # every config error before a server or cluster starts
     importable_from_workers()
 
     def start():

@@ -84,6 +84,17 @@ def _flag(key: str, value: Any) -> bool:
     return value
 
 
+def preflight(spec: ParallelSpec) -> None:
+    """What can only be checked on this machine, before any server or cluster starts: the backend's
+    package imports (a missing one names the pip extra) and the backend's own checks (``local_gpu``:
+    no more workers than visible GPUs). Also when every shard is cached and no cluster will start."""
+    if spec.address:
+        return
+    backend = backends.get(spec.env)
+    backend.load_cluster_class()
+    backend.before_start(spec)
+
+
 def build_task_runner(spec: ParallelSpec, context: ClusterContext | None = None):
     """A prefect-dask ``DaskTaskRunner`` (our cheaper-to-submit subclass) for a validated spec;
     ``context``: per-run job name, log folder, environment (see :class:`ClusterContext`).

@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from ._proc import descendants, pid_alive, stop_group
+from ._proc import pid_alive, stop_group, stop_tree
 from .atomic import atomic_write_text
 from .errors import Espnet3PrefectError
 from .util import read_json
@@ -367,7 +367,7 @@ def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> 
             busy.append(server)
             continue
         if server.worker_pid:
-            stop_process_tree(server.worker_pid, timeout_s)
+            stop_tree(server.worker_pid, timeout_s)
         stop_server(server.pid, timeout_s)
         _forget(server)
         stopped.append(server)
@@ -382,41 +382,6 @@ def _forget(server: ServerRecord) -> None:
         with contextlib.suppress(OSError, ValueError):
             if json.loads((home / name).read_text()).get(key) == server.pid:
                 (home / name).unlink(missing_ok=True)
-
-
-def stop_process_tree(pid: int, timeout_s: float = 15) -> bool:
-    """Stop ``pid``, its process group and every descendant, also those that started their own
-    session (a process worker's flow runs and their Dask workers): TERM, then KILL. False when
-    ``pid`` was not running. Descendants are found through Linux ``/proc`` (elsewhere: the group)."""
-    if not (pid > 0 and _running_pid(pid)):
-        return False
-    family = descendants(pid)
-    stop_group(pid, timeout_s)  # does nothing when pid leads no group: then it goes with the family
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        left = [p for p in (pid, *family) if _running_pid(p)]
-        for child in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, sig)
-        deadline = time.monotonic() + timeout_s
-        while left and time.monotonic() < deadline:
-            time.sleep(0.2)
-            left = [p for p in left if _running_pid(p)]
-        if not left:
-            break
-    return True
-
-
-def _running_pid(pid: int) -> bool:
-    """Alive and not a zombie (reaping our own children on the way)."""
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    if not pid_alive(pid):
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def kept_server_message(server: ServerRecord) -> str:

@@ -6,6 +6,7 @@ are used.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Any
 
@@ -37,7 +38,7 @@ def resolve_target(path: str) -> str:
     """The class path to import for ``path``: ours for ESPnet3 stock classes when espnet3 is absent.
 
     >>> resolve_target("espnet3.systems.base.inference_runner.InferenceRunner")
-    'espnet3_prefect.runner.InferenceRunner'
+    'espnet3_prefect.inference_runner.InferenceRunner'
     """
     if path in ESPNET3_ALIASES and not _espnet3_installed():
         return ESPNET3_ALIASES[path]
@@ -63,10 +64,18 @@ def locate(path: str, key: str = "_target_") -> Any:
         obj = module
         break
     if obj is None:
+        if path.startswith("espnet3.") and not _espnet3_installed():
+            close = difflib.get_close_matches(path, list(ESPNET3_ALIASES), n=1, cutoff=0.8)
+            hint = f"did you mean {close[0]!r}?" if close else \
+                f"the ones it provides: {', '.join(sorted(ESPNET3_ALIASES))}"
+            raise ConfigError(f"{key}: {path!r} is not an ESPnet3 class espnet3-prefect provides while espnet3 "
+                              f"is not installed; {hint}")
         raise ConfigError(f"{key}: cannot import {path!r} (is its package installed and on PYTHONPATH?)")
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError(f"{key}: {path!r} has no attribute {part!r}")
+            close = difflib.get_close_matches(part, [n for n in dir(obj) if not n.startswith("_")], n=1, cutoff=0.8)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{key}: {path!r} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
     return obj
 

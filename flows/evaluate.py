@@ -23,6 +23,7 @@ from espnet3_prefect.history import (HISTORY_FILE, PLOT_FILE, append_history, de
                                      now_utc, read_history, trend_markdown, write_plot)
 from espnet3_prefect.metrics_stage import prepare_metrics
 from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
+from espnet3_prefect.parallel import preflight
 from espnet3_prefect.stage import prepare_stages
 from espnet3_prefect.util import as_list
 
@@ -39,7 +40,8 @@ def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_
     inference config. A different ``inference_dir`` is an error.
     """
     icfg = load_config(as_list(infer_config), as_list(infer_overrides))
-    _, stages = prepare_stages(icfg)
+    spec, stages = prepare_stages(icfg)
+    preflight(spec)
     inference_dir = Path(str(icfg.inference_dir)).expanduser().resolve()
     m_overrides = list(as_list(metrics_overrides))
     probe = load_config(as_list(metrics_config), m_overrides)

@@ -24,6 +24,7 @@ from espnet3_prefect.plan import write_manifest
 from espnet3_prefect.report import format_summary, publish_summary
 from espnet3_prefect.resume import already_complete, plan_for, remove_stale, shards_to_redo
 from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
+from espnet3_prefect.parallel import preflight
 from espnet3_prefect.stage import Sizing, Stage, prepare_stages, size_on_driver
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge import merge_shards
@@ -61,6 +62,7 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None,
     preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
     cfg = load_config_input(config, overrides)
     spec, stages = prepare_stages(cfg)
+    preflight(spec)  # local_gpu without GPUs fails here, also when every shard is cached
     for stage in stages:
         check_writable(stage.out_dir, stage.min_free_mb)
     logger = get_run_logger()

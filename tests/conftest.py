@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 from pathlib import Path
 
 import pytest
 import yaml
+
+# --doctest-modules imports every module under tests/: the helpers that subclass the real espnet3
+# classes only where espnet3 is importable (their tests skip otherwise).
+collect_ignore = [] if importlib.util.find_spec("espnet3") else ["helpers/upstream_workloads.py"]
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDD = ROOT.parent / "shared" / "data" / "fsdd" / "recordings"

@@ -3,7 +3,8 @@
     espnet3-prefect infer --config conf/inference.yaml [deployments/parallel_local.yaml] [key=value ...]
 
 Also ``metrics``, ``evaluate`` (:mod:`.stages`), ``infer --detach`` (:mod:`.detach`),
-``deploy-local`` (:mod:`.deploy`) and ``cluster-script`` (:mod:`.cluster_script`). Each module
+``deploy-local`` (:mod:`.deploy`), ``cluster-script`` (:mod:`.cluster_script`) and ``servers``
+(:mod:`.servers`). Each module
 registers its subcommands with a ``handler``; :func:`main` parses once and calls it.
 
 Without ``PREFECT_API_URL`` it starts (or reuses) one local Prefect server on 127.0.0.1.
@@ -19,7 +20,7 @@ from typing import Sequence
 
 from ..errors import Espnet3PrefectError, one_line
 from ..util import put_on_pythonpath
-from . import cluster_script, deploy, detach, stages
+from . import cluster_script, deploy, detach, servers, stages
 from .common import split_args
 
 __all__ = ["build_parser", "main", "split_args"]
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     detach.register(infer)        # infer --detach
     deploy.register(sub)          # deploy-local [--stop]
     cluster_script.register(sub)  # cluster-script
+    servers.register(sub)         # servers [--stop TARGET]
     return parser
 
 

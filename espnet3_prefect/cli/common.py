@@ -65,8 +65,21 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
     validate()
     from ..server import prefect_api
 
-    with prefect_api(args.state_dir, keep=args.keep_server) as api_url:
-        print(f"Prefect API: {api_url}", file=sys.stderr)
-        result = run()  # flows are imported by ``run``, once the API is set
+    api_url = None
+    try:
+        with prefect_api(args.state_dir, keep=args.keep_server) as api_url:
+            print(f"Prefect API: {api_url}", file=sys.stderr)
+            result = run()  # flows are imported by ``run``, once the API is set
+    finally:
+        if args.keep_server and api_url:  # also after a failed run: its page is what the user wants
+            print_kept_server(api_url)
     show(result)
     return 0
+
+
+def print_kept_server(api_url: str) -> None:
+    """Where the server left running is and how to stop it (nothing for a ``$PREFECT_API_URL`` of the user's)."""
+    from ..server import find_servers, kept_server_message
+
+    for server in find_servers(api_url):
+        print(kept_server_message(server), file=sys.stderr)

@@ -167,7 +167,10 @@ def stop_local(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
     state = read_json(home / STATE_FILE)
     if state is None:
-        print(f"nothing to stop: no {home / STATE_FILE}")
+        from ..server import format_servers, list_servers
+
+        print(f"deploy-local started nothing in {home} (no {STATE_FILE}); the servers espnet3-prefect left running:")
+        print(format_servers(list_servers()))
         return 0
     stopped = []
     if stop_tree(state["worker_pid"]):

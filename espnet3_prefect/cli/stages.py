@@ -43,9 +43,10 @@ def run_infer(args: argparse.Namespace) -> int:
 
     def validate():
         from ..config import load_config
+        from ..parallel import preflight
         from ..stage import prepare_stages
 
-        prepare_stages(load_config(configs, overrides))
+        preflight(prepare_stages(load_config(configs, overrides))[0])
 
     def run():
         from ..flows.infer import infer

@@ -15,6 +15,7 @@ CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
 def cli_env(home: Path) -> dict[str, str]:
     """The environment minus any PREFECT_* (so the CLI uses its embedded default), state in ``home``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
+    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT),
+               ESPNET3_PREFECT_REGISTRY=str(Path(home) / "registry"))  # `servers` sees this test's only
     return env
 

@@ -31,6 +31,18 @@ def test_cli_embedded_server_runs_flow_records_workers_and_stops(tmp_path):
             names = {t.name for t in client.read_task_runs()}
         assert {"run-shard-test_a-0", "run-shard-test_a-1"} <= names  # worker task runs landed on the one server
         assert "database is locked" not in proc.stderr
+        ui = info["api_url"][: -len("/api")]
+        assert f"Prefect server left running (pid {info['pid']}, state {home}):\n  UI:   {ui}\n" \
+               f"  stop: espnet3-prefect servers --stop {ui}" in proc.stderr
+        listing = subprocess.run([*CLI, "servers"], env=cli_env(home), capture_output=True, text=True, timeout=60)
+        assert listing.returncode == 0 and f"{info['pid']}  {ui}" in listing.stdout, listing.stdout
+        stop = subprocess.run([*CLI, "servers", "--stop", f"{ui}/runs/flow-run/x"], env=cli_env(home),
+                              capture_output=True, text=True, timeout=120)
+        assert stop.stdout.strip() == f"stopped the server at {ui} (pid {info['pid']})", stop.stdout + stop.stderr
+        assert not pid_alive(info["pid"])
+        again = subprocess.run([*CLI, "servers", "--stop", ui], env=cli_env(home), capture_output=True, text=True,
+                               timeout=60)
+        assert again.returncode == 1 and f"no running espnet3-prefect server matches {ui!r}" in again.stdout
     finally:
         from espnet3_prefect.server import stop_server
         stop_server(info["pid"])
@@ -45,6 +57,12 @@ def test_cli_stops_the_server_it_started(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (home / "server.json").exists()
     assert (tmp_path / "inference/test_a/y.scp").read_text().startswith("utt00000 0\n")
+    # Every shard is cached now; local_gpu still fails before a server starts (here: no dask-cuda, or no GPU).
+    gpu = subprocess.run([*CLI, "infer", "--config", str(cfg), "parallel.env=local_gpu"], env=cli_env(home),
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert gpu.returncode != 0 and "Prefect API" not in gpu.stderr and len(gpu.stderr.strip().splitlines()) == 1
+    assert gpu.stderr.startswith(("error: parallel.env 'local_gpu' needs the package",
+                                  "error: parallel.n_workers: 1 exceeds the 0 visible GPU(s)")), gpu.stderr
 
 
 def test_cli_bad_config_is_one_line_exit_2_and_starts_nothing(tmp_path):

@@ -65,3 +65,18 @@ def test_adding_a_test_set_does_not_change_the_others(tmp_path):
     two = load_config([write_yaml(tmp_path / "b.yaml", cfg)])
     assert list_test_sets(two) == ["test_a", "test_b"]
     assert identity_config(for_test_set(one, "test_a")) == identity_config(for_test_set(two, "test_a"))
+
+
+@_WITHOUT_ESPNET3
+def test_a_typo_in_a_stock_espnet3_class_name_says_so_and_suggests_the_class():
+    from espnet3_prefect.errors import ConfigError
+    from espnet3_prefect.targets import locate
+
+    with pytest.raises(ConfigError) as info:
+        locate("espnet3.systems.base.inference_provider.InferenceProvidr", "provider._target_")
+    assert str(info.value) == (
+        "provider._target_: 'espnet3.systems.base.inference_provider.InferenceProvidr' is not an ESPnet3 class "
+        "espnet3-prefect provides while espnet3 is not installed; did you mean "
+        "'espnet3.systems.base.inference_provider.InferenceProvider'?")
+    with pytest.raises(ConfigError, match="has no attribute 'InferenceRuner'; did you mean 'InferenceRunner'"):
+        locate("espnet3_prefect.inference_runner.InferenceRuner", "runner._target_")

@@ -41,6 +41,20 @@ def test_local_gpu_refuses_more_workers_than_visible_gpus(monkeypatch):
         check_gpu_count(4, visible_gpu_count())
 
 
+def test_preflight_checks_the_gpus_before_anything_starts(monkeypatch):
+    from espnet3_prefect import backends
+    from espnet3_prefect.parallel import preflight
+
+    gpu = backends.get("local_gpu")
+    monkeypatch.setattr(type(gpu), "load_cluster_class", lambda self: object)  # dask-cuda cannot run here
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ConfigError, match="parallel.n_workers: 1 exceeds the 0 visible GPU\\(s\\)"):
+        preflight(ParallelSpec.from_config({"env": "local_gpu"}))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    preflight(ParallelSpec.from_config({"env": "local_gpu"}))
+    preflight(ParallelSpec.from_config({"env": "local"}))
+
+
 def test_ssh_hosts_expand_to_n_workers():
     spec = ParallelSpec.from_config({"env": "ssh", "n_workers": 3, "options": {"hosts": ["s", "w1", "w2"]}})
     assert cluster_kwargs(spec)["hosts"] == ["s", "w1", "w2", "w1"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect._proc import descendants
+from espnet3_prefect._proc import descendants, stop_tree
 from espnet3_prefect import server
 from espnet3_prefect.server import (
     ServerRecord,
@@ -24,7 +24,6 @@ from espnet3_prefect.server import (
     kept_server_message,
     list_servers,
     pid_alive,
-    stop_process_tree,
     stop_servers,
 )
 
@@ -205,8 +204,8 @@ def test_stop_process_tree_of_a_process_that_leads_no_group(spawn):
         time.sleep(0.05)
     [child] = descendants(parent.pid)
     # Its child is in the group of `parent`; stopping the child alone (not a group leader) still works.
-    assert stop_process_tree(child, timeout_s=5) and gone(child) and pid_alive(parent.pid)
-    assert stop_process_tree(child) is False
+    assert stop_tree(child, timeout_s=5) and gone(child) and pid_alive(parent.pid)
+    assert stop_tree(child) is False
 
 
 def test_messages_for_a_kept_server_and_the_listing(tmp_path, registry):
