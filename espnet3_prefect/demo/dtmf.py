@@ -82,7 +82,7 @@ def heard(digits: str, impairment: str | None = None) -> str:
     """What a correct decoder hears for ``digits`` rendered with ``impairment`` (see :data:`IMPAIRMENTS`).
 
     >>> [heard("3771", kind) for kind in IMPAIRMENTS]
-    ['371', '371', '3171', '37171']
+    ['371', '371', '3741', '37701']
     """
     if impairment is None:
         return digits

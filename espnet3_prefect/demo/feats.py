@@ -19,7 +19,7 @@ to rounding (relative 1e-12 here), and every feature file is identical.
 
 >>> ex = LogMel(n_mels=4)
 >>> ex(np.zeros(800, np.float32)).shape
-(8, 4)
+(7, 4)
 """
 
 from __future__ import annotations
