@@ -131,7 +131,8 @@ def summary_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "test_set": s["test_set"], "shards": s["shards"], "shards_run": s["shards_run"],
             "shards_cached": s["shards_cached"], "items": s["items"], "failed": s.get("failed", 0),
             "seconds": round(seconds, 2),
-            "items_per_s": round(s["items"] / seconds, 1) if seconds > 0 else 0.0,
+            # the rate of the work done: items of the shards that ran (cached shards cost nothing)
+            "items_per_s": _rate(s.get("items_run", s["items"] if s["shards_run"] else 0), seconds),
             "load_s": None if load is None else round(load, 2),
             "wait_s": round(timing.get("wait_s") or 0.0, 2),
             "forward_s": round(timing.get("forward_s") or 0.0, 2),
@@ -140,6 +141,15 @@ def summary_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "bound": bound_by(timing),
         })
     return rows
+
+
+def _rate(items: int, seconds: float) -> float | None:
+    """Items per second, or None when nothing ran (a cached test set has no rate).
+
+    >>> _rate(10, 4.0), _rate(0, 0.8)
+    (2.5, None)
+    """
+    return round(items / seconds, 1) if items and seconds > 0 else None
 
 
 def publish_summary(summaries: list[dict[str, Any]]) -> None:
@@ -176,7 +186,8 @@ def format_summary(summaries: list[dict[str, Any]]) -> str:
     for row, s in zip(summary_rows(summaries), summaries):
         failed = f", {row['failed']} failed (skipped)" if row["failed"] else ""
         lines.append(f"{row['test_set']}: {row['items']} items, {row['shards_run']} shards run, "
-                     f"{row['shards_cached']} cached{failed}, {row['seconds']} s ({row['items_per_s']} items/s)")
+                     f"{row['shards_cached']} cached{failed}, {row['seconds']} s"
+                     + (f" ({row['items_per_s']} items/s)" if row["items_per_s"] is not None else ""))
         timing = timing_line(row)
         if timing:
             lines.append(f"    {timing}")

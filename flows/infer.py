@@ -149,6 +149,6 @@ def run_test_set(runner, stage: Stage, sizing: Sizing | None = None) -> dict:
     outputs = merge_shards(stage, shards, sized["n_items"])
     forget_env(runner, stage.work.env_key)
     return {"test_set": stage.test_set, "shards": len(shards), "items": sized["n_items"],
-            "shards_run": outcome["run"], "shards_cached": outcome["cached"], "failed": outcome["failed"],
+            "items_run": sum(s.n_items for s in shards if redo.get(s.index)), "shards_run": outcome["run"], "shards_cached": outcome["cached"], "failed": outcome["failed"],
             "jobs": sorted(outcome["jobs"]), "seconds": time.perf_counter() - started, "outputs": outputs,
             "workers": sized["workers"], "timing": outcome["timing"]}

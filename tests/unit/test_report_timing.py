@@ -39,3 +39,12 @@ def test_a_finished_stage_that_ran_nothing_shows_no_timing():
     [row] = summary_rows([_summary(None, workers=0, shards_run=0)])
     assert row["bound"] == "" and row["utilisation"] is None and row["load_s"] is None
     assert "time in shards" not in format_summary([_summary(None, workers=0, shards_run=0)])
+
+
+def test_rates_count_only_the_items_of_shards_that_ran():
+    cached = _summary(None, workers=0, shards_run=0)
+    assert summary_rows([cached])[0]["items_per_s"] is None
+    assert format_summary([cached]).splitlines()[0] == "test_clean: 100 items, 0 shards run, 2 cached, 5.0 s"
+    half = {**_summary(None, shards_run=1), "items_run": 50}
+    assert summary_rows([half])[0]["items_per_s"] == 10.0
+    assert "1 shards run, 1 cached, 5.0 s (10.0 items/s)" in format_summary([half])
