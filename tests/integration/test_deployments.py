@@ -107,9 +107,13 @@ def test_infer_local_then_evaluate_local_on_the_demo(deployed):
     assert list(scores) == [WER_T, CER_T]
     for test_set, words, errors in (("test_clean", 300, 0), ("test_noisy", 200, 8)):
         assert scores[WER_T][test_set] == {"WER": round(100 * errors / words, 2)}
-    summary = (out / "test_noisy" / "wer_alignment").read_text().splitlines()[-1]
-    # weak tone + merged presses: 4 deletions, crosstalk: 2 substitutions, stray key: 2 insertions
-    assert summary == "WER: 4.00 (hits=194, substitutions=2, deletions=4, insertions=2)"
+    # An utterance's digits are one word (ESPnet3's WER splits on whitespace): each impaired utterance is one
+    # substituted word. Per character, the designed kinds show: weak tone + merged presses 4 deletions,
+    # crosstalk 2 substitutions, stray key 2 insertions.
+    wer = (out / "test_noisy" / "wer_alignment").read_text().splitlines()[-1]
+    assert wer == "WER: 4.00 (hits=192, substitutions=8, deletions=0, insertions=0)"
+    cer = (out / "test_noisy" / "cer_alignment").read_text().splitlines()[-1]
+    assert cer == "CER: 0.71 (hits=1122, substitutions=2, deletions=4, insertions=2)"
     [record] = [json.loads(x) for x in (out / "evaluate_history.jsonl").read_text().splitlines()]
     assert record["shards_run"] == 0 and record["shards_cached"] == 64  # infer/local's shards, reused
     assert record["model"]["kind"] == "config" and record["headline"]["WER"] == {"test_clean": 0.0, "test_noisy": 4.0}
