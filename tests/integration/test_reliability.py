@@ -58,8 +58,10 @@ def test_worker_killed_once_mid_shard_reruns_only_that_shard(prefect_server, tmp
     assert (tmp_path / "killed").exists()  # the fault did happen
     assert (tmp_path / "inference/test_a/y.scp").read_text() == EXPECTED(20)
     counts = forward_counts(tmp_path)
-    assert counts[7] == 2  # the interrupted item ran again...
-    assert all(counts[i] == 1 for i in range(20) if not 5 <= i < 10)  # ...other shards did not
+    # Reading item 7 killed the worker. With prefetch that read happens ahead, while forward runs on an
+    # earlier item of split.1, so the items of split.1 ran once or twice (those before the kill again)...
+    assert all(1 <= counts[i] <= 2 for i in range(5, 10))
+    assert all(counts[i] == 1 for i in range(20) if not 5 <= i < 10)  # ...and the other shards once
     assert summary["shards_run"] == 4
 
 
