@@ -190,7 +190,7 @@ def test_sge_failed_flow_cancels_its_jobs(sge, prefect_server, tmp_path):
     cfg = toy_config(tmp_path, n=10, num_shards=2, bad={2: "space_id"})
     cfg["parallel"] = batch_parallel(sge, num_shards=2)
     state, flow_run_id = run_flow(tmp_path, cfg)
-    assert state.is_failed() and "must not contain whitespace" in str(state.message)
+    assert state.is_failed() and "utt_id 'utt 2': must be a plain token (no whitespace" in str(state.message)
     assert wait_no_jobs("sge", run_tag(flow_run_id), timeout_s=0) == []
 
 
