@@ -47,7 +47,7 @@ DATASET_PREFIX = "dataset:"
 METRIC_KINDS = ("audio", "number", "segments", "text")
 
 try:  # one Field for the whole package once the contract library is there
-    from .contract import Field  # type: ignore[attr-defined]
+    from .contract_standalone import Field  # type: ignore[attr-defined]
 except ImportError:
 
     @dataclass(frozen=True)
