@@ -33,7 +33,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from .atomic import atomic_open
 from .config import fingerprint, load_config
 from .errors import BadInputError, ConfigError
-from .metrics import DATASET_PREFIX, check_metric_contract, check_metric_inputs, class_path
+from .metric_contract import DATASET_PREFIX, check_metric_contract, check_metric_inputs
+from .metrics import class_path
 from .scp import check_utt_id
 from .targets import _espnet3_installed, instantiate, locate, resolve_target
 
