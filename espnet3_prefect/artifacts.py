@@ -46,6 +46,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import contract as _contract
+from .audio import Audio, _upstream_audio, is_audio
 
 _SUFFIXES = {"wav": ".wav", "npy": ".npy", "json": ".json", "pickle": ".pkl"}
 
@@ -229,7 +230,7 @@ def _materialize_standalone(idx_value, field_key, value, output_dir, artifact_co
     if isinstance(value, (str, int, float, bool)):
         return value
     idx_value = check_utt_id(idx_value)
-    if _contract.is_audio(value):
+    if is_audio(value):
         config = dict(artifact_config or {})
         config.setdefault("type", "wav")
         config.setdefault("sample_rate", value.rate)
@@ -270,8 +271,8 @@ def materialize_output_value(idx_value: Any, field_key: str, value: Any, output_
     """
     upstream = _upstream("espnet3.systems.base.inference_runner", "_materialize_output_value")
     if upstream is not None:
-        if isinstance(value, _contract.Audio):
-            value = _contract._upstream_audio(value)  # ESPnet3 writes only its own Audio as wav
+        if isinstance(value, Audio):
+            value = _upstream_audio(value)  # ESPnet3 writes only its own Audio as wav
         return upstream(idx_value=idx_value, field_key=field_key, value=value,
                         output_dir=Path(output_dir), artifact_config=artifact_config)
     write = _upstream("espnet3.utils.writer_utils", "write_artifact") or _write_standalone_kw

@@ -32,8 +32,8 @@ from .parallel import preflight
 from .parallel_config import DEFAULT_PARALLEL, active_parallel_config
 from .prefetch import DEFAULT_PREFETCH
 from .runner import set_call_handler
-from .stage import (DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S,
-                    prepare_stages)
+from .runner_control import DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S
+from .stage import prepare_stages
 from .workload import RunnerJob, importable_from_workers, prepare_job
 
 

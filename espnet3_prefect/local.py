@@ -12,7 +12,7 @@ from .marker import check_marker
 from .plan import default_num_shards, plan_shards, write_manifest
 from .resume import remove_stale
 from .shard import run_shard
-from .stage import check_batch_size
+from .runner_control import check_batch_size
 
 
 def run_runner(runner: Any, indices: Iterable[int]) -> Any:

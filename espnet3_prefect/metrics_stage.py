@@ -11,7 +11,8 @@
 
 ``inputs:`` binds each input a metric declares to a source: an SCP stem (``hyp: text`` reads
 ``<inference_dir>/<test>/text.scp``) or ``dataset:<column>``, the test set's own column, written
-once to ``<inference_dir>/<test>/dataset/<column>.scp`` (see :func:`dataset_column_scp`) and
+once to ``<inference_dir>/<test>/dataset/<column>.scp`` (see
+:func:`~espnet3_prefect.dataset_columns.dataset_column_scp`) and
 reused afterwards. A ``dataset:`` input needs the inference config (the test set definition).
 
 A metric that declares ``inputs``/``outputs`` (ESPnet3's ``BaseMetric`` contract) must bind them
@@ -22,37 +23,23 @@ omitted when it has ``ref_key``/``hyp_key`` attributes.
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .atomic import atomic_open
 from .config import fingerprint, load_config
-from .errors import BadInputError, ConfigError
-from .metrics import DATASET_PREFIX, check_metric_contract, check_metric_inputs, class_path
-from .scp import check_utt_id
+from .dataset_columns import _materializer, provider_class, source_path
+from .errors import ConfigError
+from .metric_contract import DATASET_PREFIX, check_metric_contract, check_metric_inputs
+from .metrics import class_path
 from .targets import _espnet3_installed, instantiate, locate, resolve_target
 
 METRICS_FILE = "metrics.json"
 ENTRY_KEYS = ("metric", "inputs")
-DATASET_DIR = "dataset"
 TER_TARGET = "espnet3.systems.esp2_asr.metrics.ter.TER"
-DEFAULT_PROVIDER = "espnet3.systems.base.inference_provider.InferenceProvider"
-
-
-def source_path(inference_dir: Path, test_set: str, source: str) -> Path:
-    """The SCP file a binding reads for one test set.
-
-    >>> source_path(Path("/x"), "dev", "text").as_posix(), source_path(Path("/x"), "dev", "dataset:text").as_posix()
-    ('/x/dev/text.scp', '/x/dev/dataset/text.scp')
-    """
-    if source.startswith(DATASET_PREFIX):
-        return inference_dir / test_set / DATASET_DIR / f"{source[len(DATASET_PREFIX):]}.scp"
-    return inference_dir / test_set / f"{source}.scp"
 
 
 @dataclass
@@ -255,16 +242,6 @@ def _test_sets(cfg: DictConfig, inference_dir: Path, check_inputs: bool) -> list
     return names
 
 
-def provider_class(inference_config: DictConfig, where: str = "provider._target_") -> Any:
-    """The class whose static ``build_dataset(config)`` gives a test set (ESPnet3's default provider)."""
-    target = OmegaConf.select(inference_config, "provider._target_") or DEFAULT_PROVIDER
-    cls = locate(str(target), where)
-    if not callable(getattr(cls, "build_dataset", None)):
-        raise ConfigError(f"{where}: {target!r} has no build_dataset(config); dataset: inputs build the test "
-                          "set through it")
-    return cls
-
-
 def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = None,
                     check_inputs: bool = True) -> MetricsPlan:
     """Validate a metrics config; with ``check_inputs``, every SCP input must exist.
@@ -317,78 +294,5 @@ def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = No
     return MetricsPlan(inference_dir, test_sets, specs, fingerprint(data), inference_config, artifacts)
 
 
-# -- dataset: columns ------------------------------------------------------------------------------
-
-def _scalar_only(idx_value: Any, field_key: str, value: Any, output_dir: Path, artifact_config: Any) -> Any:
-    if isinstance(value, (str, int, float, bool)):
-        return value
-    item = getattr(value, "item", None)
-    if callable(item) and getattr(value, "ndim", 0) == 0 and type(value).__module__.startswith("numpy"):
-        return item()
-    raise BadInputError(f"dataset column {field_key!r} of {idx_value!r} holds a {type(value).__name__}: writing "
-                        "it as an artifact needs espnet3_prefect.artifacts or espnet3")
-
-
-def _materializer() -> Callable[..., Any]:
-    """How one column value becomes an SCP value: the scalar itself, or the path of an artifact."""
-    try:
-        from .artifacts import materialize_output_value  # type: ignore[import-not-found]
-
-        return materialize_output_value
-    except ImportError:
-        pass
-    try:
-        from espnet3.systems.base.inference_runner import _materialize_output_value
-    except ImportError:
-        return _scalar_only
-
-    def upstream(idx_value, field_key, value, output_dir, artifact_config):  # pragma: no cover - needs espnet3
-        return _materialize_output_value(idx_value=idx_value, field_key=field_key, value=value,
-                                         output_dir=output_dir, artifact_config=artifact_config)
-
-    return upstream
-
-
-def dataset_column_scp(inference_config: DictConfig | dict | None, inference_dir: Path, test_set: str, column: str,
-                       artifact_config: Any = None) -> Path:
-    """``<inference_dir>/<test_set>/dataset/<column>.scp``: the test set's own column, one line per item.
-
-    An existing file is reused as is (delete it after changing the dataset). Otherwise the test set
-    is built as infer builds it (the provider class's static ``build_dataset(config)`` with
-    ``config.test_set`` set), and each item gives ``<id> <value>``: the id is the item's
-    ``idx_key`` (``utt_id`` by default; the index when absent), a scalar value is written as is,
-    anything else as an artifact under ``dataset/<column>/<id>.<ext>`` (``artifact_config``: infer's
-    ``output_artifacts`` form). The file is written aside and renamed once complete.
-    """
-    path = source_path(Path(inference_dir), test_set, DATASET_PREFIX + column)
-    if path.is_file():
-        return path
-    if inference_config is None:
-        raise ConfigError(f"dataset:{column} needs the inference config (the test set definition)")
-    plain = (OmegaConf.to_container(inference_config, resolve=True) if isinstance(inference_config, DictConfig)
-             else copy.deepcopy(dict(inference_config)))
-    config = OmegaConf.create(plain)
-    OmegaConf.set_struct(config, False)
-    config.test_set = test_set
-    dataset = provider_class(config).build_dataset(config)
-    idx_key = inference_config.get("idx_key", "utt_id")
-    materialize = _materializer()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(path) as out:
-        for idx in range(len(dataset)):
-            item = dataset[idx]
-            if column not in item:
-                raise BadInputError(f"dataset:{column}: item {idx} of test set {test_set!r} has no {column!r}; "
-                                    f"it has {sorted(item)}")
-            utt_id = check_utt_id(item.get(idx_key, str(idx)), f"test set {test_set!r} item {idx}: {idx_key}")
-            value = materialize(utt_id, column, item[column], path.parent, artifact_config)
-            text = f"{value}"
-            if "\n" in text or "\r" in text:
-                raise BadInputError(f"dataset:{column}: the value of {utt_id!r} in test set {test_set!r} holds a "
-                                    "line break; an SCP line holds one value")
-            out.write(f"{utt_id} {text}\n")
-    return path
-
-
-__all__ = ["METRICS_FILE", "MetricSpec", "MetricsPlan", "dataset_column_scp", "load_any", "load_inference_config",
-           "metrics_json", "prepare_metrics", "provider_class", "source_path"]
+__all__ = ["METRICS_FILE", "MetricSpec", "MetricsPlan", "load_any", "load_inference_config", "metrics_json",
+           "prepare_metrics"]

@@ -17,7 +17,8 @@ from .layout import StageLayout
 from .marker import check_marker
 from .merge import merged_outputs_intact, read_merged_record
 from .plan import Shard, default_num_shards, plan_shards
-from .stage import Sizing, Stage
+from .sizing import Sizing
+from .stage import Stage
 
 
 def shards_to_redo(stage: Stage, shards: list[Shard], log: Callable[[str], None]) -> dict[int, bool]:

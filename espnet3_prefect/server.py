@@ -10,7 +10,7 @@ State (database, logs, pids) lives in a per-project folder (:func:`state_dir`): 
 current folder), so the UI of one project never shows another project's runs. Every server
 started here is also recorded in a per-user registry (:func:`registry_dir`), so the servers left
 running (``--keep-server``, ``deploy-local``) can be listed and stopped from anywhere
-(:func:`list_servers`, :func:`stop_servers`).
+(:func:`~espnet3_prefect.servers.list_servers`, :func:`~espnet3_prefect.servers.stop_servers`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
-from ._proc import pid_alive, stop_group, stop_tree
+from ._proc import pid_alive, stop_group
 from .atomic import atomic_write_text
 from .errors import Espnet3PrefectError
 from .util import read_json
@@ -243,7 +241,7 @@ def _exported(api_url: str, home: Path) -> Iterator[None]:
                 os.environ[key] = value
 
 
-# -- the servers we started: records, listing, stopping ------------------------------------------
+# -- the registry of the servers we started (read by servers.py) -------------------------------
 
 def registry_dir() -> Path:
     """Per-user records of the servers :func:`start_server` started, one ``<pid>.json`` each.
@@ -258,35 +256,6 @@ def registry_dir() -> Path:
     return Path(chosen).expanduser()
 
 
-@dataclass(frozen=True)
-class ServerRecord:
-    """A Prefect server started by espnet3-prefect that is still running."""
-
-    pid: int
-    api_url: str
-    started: str  # ISO 8601 with the UTC offset, to the second
-    state_dir: str
-    ui: bool = True
-    worker_pid: int | None = None  # deploy-local's process worker, when this is deploy-local's server
-
-    @property
-    def ui_url(self) -> str:
-        return self.api_url[: -len("/api")] if self.api_url.endswith("/api") else self.api_url
-
-    @property
-    def stop_command(self) -> str:
-        return f"espnet3-prefect servers --stop {self.ui_url}"
-
-    def users(self) -> list[int]:
-        """Live espnet3-prefect processes using this server now (not the server, not this process)."""
-        users = Path(self.state_dir) / "users"
-        pids = [int(p.name) for p in users.glob("*") if p.name.isdigit()] if users.is_dir() else []
-        return sorted(p for p in pids if p not in (self.pid, os.getpid()) and pid_alive(p))
-
-    def answers(self, timeout_s: float = 2.0) -> bool:
-        return healthy(self.api_url, timeout_s)
-
-
 def _register(pid: int, api_url: str, home: Path, ui: bool) -> None:
     record = {"pid": pid, "api_url": api_url, "started": datetime.now().astimezone().isoformat(timespec="seconds"),
               "state_dir": str(home), "ui": ui}
@@ -295,114 +264,3 @@ def _register(pid: int, api_url: str, home: Path, ui: bool) -> None:
         atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))
     except OSError as exc:  # a run does not fail for it; only `servers` will not list this one
         log.warning("could not record the Prefect server in %s: %s", registry_dir(), exc)
-
-
-def _is_prefect_server(pid: int) -> bool:
-    """Alive, and (where /proc tells) still a ``prefect`` process, not a recycled pid."""
-    if not isinstance(pid, int) or pid <= 0 or not pid_alive(pid):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-    return b"prefect" in cmdline
-
-
-def _deploy_worker(home: Path, pid: int) -> int | None:
-    try:
-        state = json.loads((home / "deploy-local.json").read_text())
-    except (OSError, ValueError):
-        return None
-    worker = state.get("worker_pid")
-    return worker if state.get("server_pid") == pid and isinstance(worker, int) and pid_alive(worker) else None
-
-
-def list_servers() -> list[ServerRecord]:
-    """The servers we started that still run, oldest first; records of gone ones are removed."""
-    found = []
-    for entry in registry_dir().glob("*.json") if registry_dir().is_dir() else []:
-        try:
-            data = json.loads(entry.read_text())
-            pid = int(data["pid"])
-            fields = {"pid": pid, "api_url": str(data["api_url"]), "started": str(data.get("started", "")),
-                      "state_dir": str(data.get("state_dir", "")), "ui": bool(data.get("ui", True))}
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # not ours to judge; never deleted
-        if not _is_prefect_server(pid):
-            entry.unlink(missing_ok=True)
-            continue
-        found.append(ServerRecord(**fields, worker_pid=_deploy_worker(Path(fields["state_dir"]), pid)))
-    return sorted(found, key=lambda r: (r.started, r.pid))
-
-
-def find_servers(target: str, servers: list[ServerRecord] | None = None) -> list[ServerRecord]:
-    """The running servers ``target`` names: ``all``, a pid, any URL on the server (its UI, its API,
-    a flow-run page, ``127.0.0.1:4200``) or its state dir."""
-    servers = list_servers() if servers is None else servers
-    target = target.strip()
-    if target == "all":
-        return servers
-    if target.isdigit():
-        return [s for s in servers if s.pid == int(target)]
-    if "://" not in target and Path(target).expanduser().is_dir():
-        wanted = Path(target).expanduser().resolve()
-        return [s for s in servers if Path(s.state_dir) == wanted]
-    netloc = urllib.parse.urlsplit(target if "://" in target else f"http://{target}").netloc.lower()
-    aliases = {netloc, netloc.replace("localhost", "127.0.0.1")}
-    return [s for s in servers if urllib.parse.urlsplit(s.api_url).netloc.lower() in aliases]
-
-
-class StopOutcome(NamedTuple):
-    stopped: list[ServerRecord]
-    busy: list[ServerRecord]  # still used by a running espnet3-prefect process; left alone (force=False)
-
-
-def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> StopOutcome:
-    """Stop the servers :func:`find_servers` finds for ``target``, with deploy-local's worker (and the
-    flow runs it started) when it is deploy-local's server. A server another espnet3-prefect process
-    is using is left running unless ``force``."""
-    stopped, busy = [], []
-    for server in find_servers(target):
-        if server.users() and not force:
-            busy.append(server)
-            continue
-        if server.worker_pid:
-            stop_tree(server.worker_pid, timeout_s)
-        stop_server(server.pid, timeout_s)
-        _forget(server)
-        stopped.append(server)
-    return StopOutcome(stopped, busy)
-
-
-def _forget(server: ServerRecord) -> None:
-    """Remove what the state dir says about a server that is gone."""
-    home = Path(server.state_dir)
-    (home / "users" / str(server.pid)).unlink(missing_ok=True)
-    for name, key in (("server.json", "pid"), ("deploy-local.json", "server_pid")):
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads((home / name).read_text()).get(key) == server.pid:
-                (home / name).unlink(missing_ok=True)
-
-
-def kept_server_message(server: ServerRecord) -> str:
-    """What the CLI prints when it leaves a server running (``--keep-server``)."""
-    return (f"Prefect server left running (pid {server.pid}, state {server.state_dir}):\n"
-            f"  UI:   {server.ui_url}\n"
-            f"  stop: {server.stop_command}")
-
-
-def format_servers(servers: list[ServerRecord]) -> str:
-    """The table ``espnet3-prefect servers`` prints."""
-    if not servers:
-        return f"no espnet3-prefect Prefect server is running (records: {registry_dir()})"
-    rows = [("PID", "UI", "STARTED", "STATE DIR", "")]
-    for s in servers:
-        note = f"deploy-local, worker pid {s.worker_pid}" if s.worker_pid else ("" if s.ui else "no UI")
-        users = s.users()
-        if users:
-            note = ", ".join(filter(None, [note, "in use by pid " + " ".join(map(str, users))]))
-        rows.append((str(s.pid), s.ui_url, s.started.replace("T", " ")[:19], s.state_dir, note))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + (f"  ({r[4]})" if r[4] else "") for r in rows]
-    lines[0] = lines[0].rstrip()
-    return "\n".join(lines) + "\nstop one: espnet3-prefect servers --stop <UI URL or pid>; all: --stop all"

@@ -43,7 +43,9 @@ from .layout import RunnerLayout
 from .parallel import ParallelSpec
 from .parallel_config import plain_parallel
 from .plan import Shard, default_num_shards, plan_shards
-from .stage import (Stage, StageWork, _runner_control, _worker_setup, check_batch_size, code_identity)
+from .runner_control import _runner_control, check_batch_size
+from .sizing import code_identity
+from .stage import Stage, StageWork, _worker_setup
 from .worker_env import EnvBuilder
 
 

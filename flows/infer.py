@@ -25,7 +25,8 @@ from espnet3_prefect.report import format_summary, publish_summary
 from espnet3_prefect.resume import already_complete, plan_for, remove_stale, shards_to_redo
 from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.parallel import preflight
-from espnet3_prefect.stage import Sizing, Stage, prepare_stages, size_on_driver
+from espnet3_prefect.sizing import Sizing, size_on_driver
+from espnet3_prefect.stage import Stage, prepare_stages
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge import merge_shards
 

@@ -10,9 +10,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from espnet3_prefect.dataset_columns import dataset_column_scp
 from espnet3_prefect.errors import BadInputError
-from espnet3_prefect.metrics import check_metric_output
-from espnet3_prefect.metrics_stage import dataset_column_scp
+from espnet3_prefect.metric_contract import check_metric_output
 from espnet3_prefect.scp import ScpField, count_aligned
 
 

@@ -79,7 +79,7 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
 
 def print_kept_server(api_url: str) -> None:
     """Where the server left running is and how to stop it (nothing for a ``$PREFECT_API_URL`` of the user's)."""
-    from ..server import find_servers, kept_server_message
+    from ..servers import find_servers, kept_server_message
 
     for server in find_servers(api_url):
         print(kept_server_message(server), file=sys.stderr)

@@ -167,7 +167,7 @@ def stop_local(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
     state = read_json(home / STATE_FILE)
     if state is None:
-        from ..server import format_servers, list_servers
+        from ..servers import format_servers, list_servers
 
         print(f"deploy-local started nothing in {home} (no {STATE_FILE}); the servers espnet3-prefect left running:")
         print(format_servers(list_servers()))

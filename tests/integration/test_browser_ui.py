@@ -41,7 +41,7 @@ def chromium() -> str:
 @pytest.fixture
 def kept_servers(tmp_path, monkeypatch):
     """The servers the CLI leaves running are recorded in a registry of this test's own; stopped after."""
-    from espnet3_prefect.server import list_servers, stop_servers
+    from espnet3_prefect.servers import list_servers, stop_servers
 
     monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
     yield list_servers

@@ -12,7 +12,8 @@ from espnet3_prefect.layout import StageLayout
 from espnet3_prefect.plan import default_num_shards, plan_shards
 from espnet3_prefect.resume import plan_for
 from espnet3_prefect.shard import run_shard
-from espnet3_prefect.stage import dataset_lengths, prepare_stages, size_on_driver
+from espnet3_prefect.sizing import dataset_lengths, size_on_driver
+from espnet3_prefect.stage import prepare_stages
 from tests.conftest import toy_config, write_yaml
 
 

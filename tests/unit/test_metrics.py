@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from espnet3_prefect.errors import BadInputError, ConfigError
 from espnet3_prefect.metrics import (CER, WER, BaseMetric, Field, MetricContractError, MetricDeclarationError,
                                      TextCleaner, check_metric_output)
-from espnet3_prefect.metrics_stage import (dataset_column_scp, load_inference_config, metrics_json, prepare_metrics,
-                                           source_path)
+from espnet3_prefect.dataset_columns import dataset_column_scp, source_path
+from espnet3_prefect.metrics_stage import load_inference_config, metrics_json, prepare_metrics
 from espnet3_prefect.scp import ScpField, count_aligned, iter_scp
 from espnet3_prefect.targets import _espnet3_installed, locate
 from tests.helpers.metrics_recipes import ColumnOrganizer

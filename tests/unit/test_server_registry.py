@@ -17,13 +17,13 @@ import pytest
 
 from espnet3_prefect._proc import descendants, stop_tree
 from espnet3_prefect import server
-from espnet3_prefect.server import (
+from espnet3_prefect.server import pid_alive
+from espnet3_prefect.servers import (
     ServerRecord,
     find_servers,
     format_servers,
     kept_server_message,
     list_servers,
-    pid_alive,
     stop_servers,
 )
 
