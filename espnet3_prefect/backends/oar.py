@@ -125,6 +125,12 @@ class OarBackend(JobqueueBackend):
         OarJob.__name__ = OarJob.__qualname__ = base.__name__
         return OarJob
 
+    def preview(self, spec, kwargs: Mapping[str, Any]) -> tuple[str, str]:
+        """The ``oarsub`` command line: the script is submitted inline, so its shebang and comment
+        lines never reach OAR; what is shown is what is submitted."""
+        kind, script = super().preview(spec, kwargs)
+        return kind, oarsub_text(script)
+
 
 def _directive(directive: Any) -> tuple[str, str]:
     """``"-p host='n1'"`` -> ``("-p", "host='n1'")``: the option, then the rest of the line as is."""
@@ -147,6 +153,35 @@ def oarsub_argv(job_script: str, submit_command: str = "oarsub") -> list[str]:
         if match:
             argv += [match.group(1)] + ([match.group(2)] if match.group(2) else [])
     return argv + ["".join(line for line in lines if not line.startswith("#"))]
+
+
+def _sh_quote(word: str) -> str:
+    """A word for a shell: in double quotes when it holds single quotes and nothing else special."""
+    if "'" in word and not re.search(r'["$`\\!]', word):
+        return f'"{word}"'
+    return shlex.quote(word)
+
+
+def oarsub_text(job_script: str) -> str:
+    """:func:`oarsub_argv` as a shell command, one option per line (what ``cluster-script`` shows).
+
+    >>> print(oarsub_text("#OAR -n job\\n#OAR -p host='n1'\\necho hi\\n"), end="")
+    oarsub \\
+      -n job \\
+      -p "host='n1'" \\
+      'echo hi
+    '
+    """
+    argv = oarsub_argv(job_script)
+    parts, current = [], [argv[0]]
+    for word in argv[1:-1]:
+        if word.startswith("-") and current:
+            parts.append(" ".join(current))
+            current = []
+        current.append(_sh_quote(word))
+    parts.append(" ".join(current))
+    parts.append(_sh_quote(argv[-1]))
+    return " \\\n  ".join(parts) + "\n"
 
 
 def submit_environment() -> dict[str, str]:
