@@ -88,6 +88,32 @@ stop_pidfile() {
   rm -f "$file"
 }
 
+# descendants PID: "pid comm" of every descendant of PID, found by parent pid (not by name).
+descendants() {
+  local k
+  for k in $(ps -o pid= --ppid "$1" 2>/dev/null); do
+    echo "$k $(cat "/proc/$k/comm" 2>/dev/null)"
+    descendants "$k"
+  done
+}
+
+# stop_pidfile_tree FILE COMM: stop_pidfile, then SIGTERM the processes the recorded one had
+# forked (listed before it was stopped), each only if it still has the name it had then.
+stop_pidfile_tree() {
+  local file=$1 comm=$2 pid kids kid kcomm
+  pid=$(cat "$file" 2>/dev/null || true)
+  kids=""
+  pid_alive "$pid" "$comm" && kids=$(descendants "$pid")
+  stop_pidfile "$file" "$comm"
+  while read -r kid kcomm; do
+    [ -n "$kid" ] || continue
+    if pid_alive "$kid" "$kcomm"; then
+      kill -TERM "$kid" 2>/dev/null || true
+      log "stopped $kcomm (pid $kid, forked by $comm)"
+    fi
+  done <<<"$kids"
+}
+
 # ------------------------------------------------------------- packages -----
 # ensure_packages PKG...: install whatever is not installed yet.  Installs
 # without recommends, non-interactively, under `timeout`.  If the first try
