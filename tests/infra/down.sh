@@ -86,6 +86,10 @@ down_oar() {
     log "stopped postgres (pid $pid)"
   fi
   rm -f "$st/postgres.pid" "$E3P_INFRA_DIR/oar.env"
+  local record
+  for record in "$st"/traverse.*; do # what oar_up.sh granted the submit user on the way to the checkout
+    [ -e "$record" ] && revoke_traverse "${record##*/traverse.}" "$record"
+  done
 }
 
 down_ssh() {

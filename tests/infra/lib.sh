@@ -114,6 +114,59 @@ stop_pidfile_tree() {
   done <<<"$kids"
 }
 
+# ------------------------------------------------------------ traverse ------
+# grant_traverse USER RECORD PATH...: let USER reach each PATH from / (search permission, x, on
+# every folder on the way, PATH included), changing only the folders USER cannot pass yet: an ACL
+# entry u:USER:x (setfacl, Debian package acl), or o+x where the file system takes no ACL.
+# Each change is a line of RECORD, "acl-new - DIR", "acl - DIR" or "mode OCTAL DIR", for
+# revoke_traverse.
+grant_traverse() {
+  local user=$1 record=$2 path dir rest part kind
+  shift 2
+  for path in "$@"; do
+    path=$(realpath -e "$path") || die "grant_traverse: no such path: $path"
+    dir=/ rest=${path#/}
+    while :; do
+      if ! runuser -u "$user" -- test -x "$dir" 2>/dev/null; then
+        if command -v setfacl >/dev/null && command -v getfacl >/dev/null; then
+          kind=acl
+          [ -n "$(getfacl -cps --skip-base "$dir" 2>/dev/null)" ] || kind=acl-new
+          if setfacl -m "u:$user:x" "$dir" 2>/dev/null; then
+            printf '%s - %s\n' "$kind" "$dir" >>"$record"
+            log "granted $user traverse (ACL u:$user:x) on $dir"
+          fi
+        fi
+        if ! runuser -u "$user" -- test -x "$dir" 2>/dev/null; then
+          printf 'mode %s %s\n' "$(stat -c %a "$dir")" "$dir" >>"$record"
+          chmod o+x "$dir"
+          log "granted traverse to others (o+x) on $dir: no ACL here"
+        fi
+      fi
+      [ -n "$rest" ] || break
+      part=${rest%%/*}
+      rest=${rest#"$part"}
+      rest=${rest#/}
+      dir=${dir%/}/$part
+    done
+  done
+}
+
+# revoke_traverse USER RECORD: undo what grant_traverse recorded (last change first); remove RECORD.
+revoke_traverse() {
+  local user=$1 record=$2 kind mode dir
+  [ -s "$record" ] || { rm -f "$record"; return 0; }
+  while read -r kind mode dir; do
+    [ -e "$dir" ] || continue
+    case "$kind" in
+    acl-new) setfacl -b "$dir" 2>/dev/null || true ;; # it had no ACL before: none again
+    acl) setfacl -x "u:$user" "$dir" 2>/dev/null || true ;;
+    mode) chmod "$mode" "$dir" ;;
+    esac
+    log "took back $user's traverse on $dir ($kind)"
+  done < <(tac "$record")
+  rm -f "$record"
+}
+
 # ------------------------------------------------------------- packages -----
 # ensure_packages PKG...: install whatever is not installed yet.  Installs
 # without recommends, non-interactively, under `timeout`.  If the first try

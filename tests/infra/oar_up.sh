@@ -11,6 +11,10 @@
 #             (memcore = MemTotal MiB / nproc, for memory_per_core_property_name: memcore)
 #   user      $E3P_OAR_USER (default e3p): OAR refuses jobs from root and oar (admission rule),
 #             so jobs are submitted as this user; $E3P_INFRA_DIR/oar/jobs is its to write
+#   access    the tests run the flow as that user from this checkout (and its .venv): each folder
+#             on the way to the checkout (and to $E3P_OAR_READ_PATHS) that the user cannot pass
+#             gets an ACL entry u:<user>:x (o+x without ACL support), recorded in
+#             $E3P_INFRA_DIR/oar/traverse.<user>; down.sh oar takes them back
 #   state     $E3P_INFRA_DIR/oar/: pid files (postgres.pid, oar-node-sshd.pid, almighty.pid),
 #             logs, the database, db.secret (generated passwords, mode 600)
 #
@@ -33,7 +37,7 @@ ALMIGHTY_PORT=6666 # hard-coded in OAR 2.5.9
 
 install_packages() {
   ensure_packages oar-server oar-node oar-user oar-server-pgsql oar-user-pgsql postgresql \
-    libyaml-perl libjson-perl
+    libyaml-perl libjson-perl acl
   PGBIN=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort -V | tail -1)
   [ -x "$PGBIN/initdb" ] || die "no PostgreSQL server binaries under /usr/lib/postgresql"
   log "packages ready ($(elapsed) s)"
@@ -155,6 +159,20 @@ submit_user() {
   install -d -m 755 -o "$SUBMIT_USER" "$STATE/jobs" # oarsub writes OAR.<id>.std* into the cwd
 }
 
+# The checkout (tests/infra/../..) and E3P_OAR_READ_PATHS (colon-separated, e.g. a venv outside
+# the checkout) must be reachable by the submit user: a CI clone under /root (mode 700) is not.
+grant_checkout_access() {
+  local paths=() extra p
+  paths+=("$(cd "$HERE/../.." && pwd -P)")
+  IFS=: read -r -a extra <<<"${E3P_OAR_READ_PATHS:-}"
+  for p in "${extra[@]}"; do
+    if [ -n "$p" ]; then paths+=("$p"); fi
+  done
+  grant_traverse "$SUBMIT_USER" "$STATE/traverse.$SUBMIT_USER" "${paths[@]}"
+  runuser -u "$SUBMIT_USER" -- test -r "${paths[0]}/pyproject.toml" ||
+    die "user $SUBMIT_USER cannot read ${paths[0]}/pyproject.toml (the checkout's files must be readable by others)"
+}
+
 start_node_sshd() {
   install -d -m 755 /run/sshd # privilege separation dir
   if ! pidfile_alive "$STATE/oar-node-sshd.pid" sshd; then
@@ -218,6 +236,7 @@ main() {
   create_database
   add_resources
   submit_user
+  grant_checkout_access
   start_node_sshd
   start_almighty
   smoke
