@@ -226,6 +226,7 @@ smoke() {
 }
 
 main() {
+  cd / # postgres, e3p and the daemons need not be able to enter the caller's folder (a checkout under /root)
   lock_service oar
   install -d -m 755 "$STATE"
   install_packages
