@@ -4,7 +4,7 @@ For batch-scheduler envs (:attr:`Backend.batch <espnet3_prefect.backends.base.Ba
 :func:`open_task_runner`
 
 * names every worker job after the flow run (``e3p-<last 10 hex digits of the flow run id>``;
-  ``options.job_name`` replaces ``e3p``), so a job in ``squeue``/``qstat`` says which run owns it
+  ``options.job_name`` replaces ``e3p``), so a job in ``squeue``/``qstat``/``oarstat`` says which run owns it
   and cleanup can find the run's jobs without any in-memory state;
 * puts the scheduler's job logs in ``<inference_dir>/.dask-jobs/<job name>/`` unless
   ``options.log_directory`` is set;

@@ -124,14 +124,18 @@ class JobqueueBackend(Backend):
         exports = [f"export {k}={shlex.quote(v)}" for k, v in exported_environment(context.environ).items()]
         prologue = exports + [str(line) for line in options.pop("job_script_prologue", None) or []]
         options.pop("job_name", None)  # used as the prefix of job_name
-        self.add_log_options(options, options.get("log_directory") or kwargs.get("log_directory"), context.job_name)
+        self.adjust_options(options, options.get("log_directory") or kwargs.get("log_directory"), context.job_name)
         kwargs.update(options)
         kwargs.update(scheduler_options=scheduler_options, worker_extra_args=worker_args,
                       job_name=context.job_name, n_workers=spec.n_workers)
         if prologue:
             kwargs["job_script_prologue"] = prologue
+        base = self.load_cluster_class().job_cls
+        job_cls = self.submit_job_class(base)
         if context.submit_errors is not None:
-            kwargs["job_cls"] = recording_job_class(self.load_cluster_class().job_cls, context.submit_errors)
+            job_cls = recording_job_class(job_cls, context.submit_errors)
+        if job_cls is not base:
+            kwargs["job_cls"] = job_cls
         return kwargs
 
     def log_directory(self, spec, log_root, job_name: str) -> str:
@@ -140,8 +144,14 @@ class JobqueueBackend(Backend):
 
         return str(spec.options.get("log_directory") or default_log_directory(log_root, job_name))
 
-    def add_log_options(self, options: dict, log_dir: str | None, job_name: str) -> None:
-        """Schedulers whose dask-jobqueue script ignores ``log_directory`` name the files here."""
+    def adjust_options(self, options: dict, log_dir: str | None, job_name: str) -> None:
+        """Scheduler-specific rewriting of ``options`` (in place) before they reach the cluster, e.g.
+        naming the log files where dask-jobqueue's script ignores ``log_directory`` (OAR)."""
+
+    def submit_job_class(self, base: type) -> type:
+        """The Job class to submit with, given dask-jobqueue's ``base``: ``base`` itself unless the
+        scheduler needs its commands called differently (OAR)."""
+        return base
 
     def preview(self, spec, kwargs: Mapping[str, Any]) -> tuple[str, str]:
         from .preview import render_job_script

@@ -135,7 +135,7 @@ def read_lines(path: Path) -> list[str]:
 
 
 def _batch_job() -> str:
-    return os.environ.get("SLURM_JOB_ID") or os.environ.get("JOB_ID") or "-"
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("JOB_ID") or os.environ.get("OAR_JOB_ID") or "-"
 
 
 _RERUNNING: list[bool] = []  # set in a worker process once it re-computes an item (slow_once)

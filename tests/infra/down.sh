@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# down.sh [slurm|sge|sshd|all]... -- stop what the *_up.sh scripts started.
+# down.sh [slurm|sge|sshd|oar|all]... -- stop what the *_up.sh scripts started.
 #
 # Only processes named in our pid files under $E3P_INFRA_DIR are signalled
 # (and only if the process name still matches), never anything found by name.
-# Jobs still queued or running are cancelled first (scancel / qdel) and we
+# Jobs still queued or running are cancelled first (scancel / qdel / oardel) and we
 # wait for them to go, so no dask worker outlives its scheduler daemon.
 # Packages, configs, keys and logs stay, which keeps the next up fast.
 # Safe to run when nothing is up.  Default: all.
@@ -59,6 +59,39 @@ down_sge() {
   rm -f "$E3P_INFRA_DIR/sge.env"
 }
 
+# OAR: jobs first (oardel as root, the OAR admin; deleted jobs end in state Error), then
+# Almighty and what it forked, OAR's node sshd, the private PostgreSQL (pg_ctl reads the
+# postmaster's pid from its own pid file; we checked that pid's name first).
+oar_job_ids() { oarstat 2>/dev/null | awk '$1 ~ /^[0-9]+$/ { print $1 }'; }
+
+down_oar() {
+  local st=$E3P_INFRA_DIR/oar jobs pid
+  if pidfile_alive "$st/almighty.pid" Almighty; then
+    jobs=$(oar_job_ids)
+    if [ -n "$jobs" ]; then
+      log "deleting oar jobs: ${jobs//$'\n'/ }"
+      # shellcheck disable=SC2086
+      oardel $jobs >/dev/null 2>&1 || true
+      wait_empty "oar jobs" oar_job_ids
+    fi
+  fi
+  stop_pidfile_tree "$st/almighty.pid" Almighty
+  stop_pidfile "$st/oar-node-sshd.pid" sshd
+  pid=$(cat "$st/postgres.pid" 2>/dev/null || true)
+  if pid_alive "$pid" postgres && [ "$pid" = "$(head -1 "$st/pgdata/postmaster.pid" 2>/dev/null)" ]; then
+    local pgbin
+    pgbin=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort -V | tail -1)
+    runuser -u postgres -- "$pgbin/pg_ctl" -D "$st/pgdata" -m fast -w -t 30 stop >/dev/null 2>&1 ||
+      stop_pidfile "$st/postgres.pid" postgres
+    log "stopped postgres (pid $pid)"
+  fi
+  rm -f "$st/postgres.pid" "$E3P_INFRA_DIR/oar.env"
+  local record
+  for record in "$st"/traverse.*; do # what oar_up.sh granted the submit user on the way to the checkout
+    [ -e "$record" ] && revoke_traverse "${record##*/traverse.}" "$record"
+  done
+}
+
 down_ssh() {
   # Sessions already open keep their own sshd processes; SSHCluster.close()
   # ends them.  We stop the listener.
@@ -71,9 +104,9 @@ main() {
   local s
   for s in "$@"; do
     case "$s" in
-    all) set -- slurm sge ssh; break ;;
-    slurm | sge | ssh | sshd) ;;
-    *) die "usage: $0 [slurm|sge|sshd|all]..." ;;
+    all) set -- slurm sge ssh oar; break ;;
+    slurm | sge | ssh | sshd | oar) ;;
+    *) die "usage: $0 [slurm|sge|sshd|oar|all]..." ;;
     esac
   done
   [ -d "$E3P_INFRA_DIR" ] || { log "nothing to stop ($E3P_INFRA_DIR does not exist)"; return 0; }

@@ -88,6 +88,85 @@ stop_pidfile() {
   rm -f "$file"
 }
 
+# descendants PID: "pid comm" of every descendant of PID, found by parent pid (not by name).
+descendants() {
+  local k
+  for k in $(ps -o pid= --ppid "$1" 2>/dev/null); do
+    echo "$k $(cat "/proc/$k/comm" 2>/dev/null)"
+    descendants "$k"
+  done
+}
+
+# stop_pidfile_tree FILE COMM: stop_pidfile, then SIGTERM the processes the recorded one had
+# forked (listed before it was stopped), each only if it still has the name it had then.
+stop_pidfile_tree() {
+  local file=$1 comm=$2 pid kids kid kcomm
+  pid=$(cat "$file" 2>/dev/null || true)
+  kids=""
+  pid_alive "$pid" "$comm" && kids=$(descendants "$pid")
+  stop_pidfile "$file" "$comm"
+  while read -r kid kcomm; do
+    [ -n "$kid" ] || continue
+    if pid_alive "$kid" "$kcomm"; then
+      kill -TERM "$kid" 2>/dev/null || true
+      log "stopped $kcomm (pid $kid, forked by $comm)"
+    fi
+  done <<<"$kids"
+}
+
+# ------------------------------------------------------------ traverse ------
+# grant_traverse USER RECORD PATH...: let USER reach each PATH from / (search permission, x, on
+# every folder on the way, PATH included), changing only the folders USER cannot pass yet: an ACL
+# entry u:USER:x (setfacl, Debian package acl), or o+x where the file system takes no ACL.
+# Each change is a line of RECORD, "acl-new - DIR", "acl - DIR" or "mode OCTAL DIR", for
+# revoke_traverse.
+grant_traverse() {
+  local user=$1 record=$2 path dir rest part kind
+  shift 2
+  for path in "$@"; do
+    path=$(realpath -e "$path") || die "grant_traverse: no such path: $path"
+    dir=/ rest=${path#/}
+    while :; do
+      if ! runuser -u "$user" -- test -x "$dir" 2>/dev/null; then
+        if command -v setfacl >/dev/null && command -v getfacl >/dev/null; then
+          kind=acl
+          [ -n "$(getfacl -cps --skip-base "$dir" 2>/dev/null)" ] || kind=acl-new
+          if setfacl -m "u:$user:x" "$dir" 2>/dev/null; then
+            printf '%s - %s\n' "$kind" "$dir" >>"$record"
+            log "granted $user traverse (ACL u:$user:x) on $dir"
+          fi
+        fi
+        if ! runuser -u "$user" -- test -x "$dir" 2>/dev/null; then
+          printf 'mode %s %s\n' "$(stat -c %a "$dir")" "$dir" >>"$record"
+          chmod o+x "$dir"
+          log "granted traverse to others (o+x) on $dir: no ACL here"
+        fi
+      fi
+      [ -n "$rest" ] || break
+      part=${rest%%/*}
+      rest=${rest#"$part"}
+      rest=${rest#/}
+      dir=${dir%/}/$part
+    done
+  done
+}
+
+# revoke_traverse USER RECORD: undo what grant_traverse recorded (last change first); remove RECORD.
+revoke_traverse() {
+  local user=$1 record=$2 kind mode dir
+  [ -s "$record" ] || { rm -f "$record"; return 0; }
+  while read -r kind mode dir; do
+    [ -e "$dir" ] || continue
+    case "$kind" in
+    acl-new) setfacl -b "$dir" 2>/dev/null || true ;; # it had no ACL before: none again
+    acl) setfacl -x "u:$user" "$dir" 2>/dev/null || true ;;
+    mode) chmod "$mode" "$dir" ;;
+    esac
+    log "took back $user's traverse on $dir ($kind)"
+  done < <(tac "$record")
+  rm -f "$record"
+}
+
 # ------------------------------------------------------------- packages -----
 # ensure_packages PKG...: install whatever is not installed yet.  Installs
 # without recommends, non-interactively, under `timeout`.  If the first try

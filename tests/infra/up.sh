@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# up.sh [slurm|sge|sshd|all]... -- run the chosen *_up.sh scripts one after
+# up.sh [slurm|sge|sshd|oar|all]... -- run the chosen *_up.sh scripts one after
 # the other (apt/dpkg cannot run in parallel) and print their export lines.
 #
 #   eval "$(tests/infra/up.sh all)"
@@ -18,10 +18,10 @@ main() {
   local s services=() exports="" out failed=()
   for s in "$@"; do
     case "$s" in
-    all) services=(slurm sge sshd); break ;;
-    slurm | sge | sshd) services+=("$s") ;;
+    all) services=(slurm sge sshd oar); break ;;
+    slurm | sge | sshd | oar) services+=("$s") ;;
     ssh) services+=(sshd) ;;
-    *) die "usage: $0 [slurm|sge|sshd|all]..." ;;
+    *) die "usage: $0 [slurm|sge|sshd|oar|all]..." ;;
     esac
   done
   for s in "${services[@]}"; do

@@ -86,7 +86,9 @@ def job_script(block: dict) -> str:
     spec = ParallelSpec.from_config(block)
     kwargs = cluster_kwargs(spec, job_name=f"{spec.options.get('job_name') or 'e3p'}-0123456789",
                             log_directory=LOG_DIR, environ=ENVIRON)
-    return normalise(render_job_script(load_cluster_class(spec.env), kwargs))
+    # what cluster-script prints: the job script, or for OAR (script submitted inline) the oarsub command
+    _kind, text = backends.get(spec.env).preview(spec, kwargs)
+    return normalise(text)
 
 
 @pytest.mark.parametrize("name", sorted(BLOCKS))

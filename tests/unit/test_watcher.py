@@ -115,4 +115,5 @@ def test_the_watcher_waits_longer_while_nothing_changes_and_resets_on_a_change(t
 def test_the_registry_gives_the_queue_commands_where_we_can_ask():
     assert backends.get("slurm").queue.list_command == "squeue"
     assert backends.get("sge").queue.list_command == "qstat"
-    assert all(b.queue is None for b in backends.batch() if b.name not in ("slurm", "sge"))
+    assert backends.get("oar").queue.list_command == "oarstat"
+    assert all(b.queue is None for b in backends.batch() if b.name not in ("slurm", "sge", "oar"))
