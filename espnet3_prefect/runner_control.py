@@ -5,6 +5,7 @@ of ``stage.py``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -54,3 +55,14 @@ def check_batch_size(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"batch_size: must be a positive integer or null, got {value!r}")
     return value
+
+
+def runner_folder_options(runner: Any, key: str) -> tuple[bool, str]:
+    """``(resume, shard_subdir)`` of a runner instance, checked; ``key`` names it in errors (``runner``)."""
+    resume = getattr(runner, "resume", True)
+    if not isinstance(resume, bool):
+        raise ConfigError(f"{key}.resume: must be true or false, got {resume!r}")
+    shard_subdir = str(getattr(runner, "shard_subdir", "") or "")
+    if shard_subdir and (shard_subdir.startswith("/") or ".." in Path(shard_subdir).parts):
+        raise ConfigError(f"{key}.shard_subdir: {shard_subdir!r} must be a relative folder inside the output dir")
+    return resume, shard_subdir

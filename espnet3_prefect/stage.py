@@ -28,7 +28,7 @@ from .layout import StageLayout
 from .parallel import ParallelSpec
 from .prefetch import DEFAULT_PREFETCH
 from .runner_control import (DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S,
-                             RUNNER_CONTROL_KEYS, _runner_control, check_batch_size)
+                             RUNNER_CONTROL_KEYS, _runner_control, check_batch_size, runner_folder_options)
 from .sizing import code_identity
 from .targets import instantiate, load_callable, locate
 from .worker_env import EnvBuilder
@@ -208,12 +208,7 @@ def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, co
     provider_cfg = OmegaConf.create({k: v for k, v in cfg.provider.items() if k != "params"})
     provider = instantiate(provider_cfg, inference_config=config, params=params, _recursive_=False)
     runner = _runner(cfg, runner_cls, provider, params, batch_size, given_dir)
-    resume = getattr(runner, "resume", True)
-    if not isinstance(resume, bool):
-        raise ConfigError(f"runner.resume: must be true or false, got {resume!r}")
-    shard_subdir = str(getattr(runner, "shard_subdir", "") or "")
-    if shard_subdir and (shard_subdir.startswith("/") or ".." in Path(shard_subdir).parts):
-        raise ConfigError(f"runner.shard_subdir: {shard_subdir!r} must be a relative folder inside the output dir")
+    resume, shard_subdir = runner_folder_options(runner, "runner")
     output_fn = load_callable(params["output_fn_path"], "output_fn") if "output_fn_path" in params else None
     identity = {"config": identity_config(for_test_set(cfg, name)),
                 "code": code_identity(runner_cls, type(provider), output_fn)}  # the dataset's id joins later

@@ -43,7 +43,7 @@ from .layout import RunnerLayout
 from .parallel import ParallelSpec
 from .parallel_config import plain_parallel
 from .plan import Shard, default_num_shards, plan_shards
-from .runner_control import _runner_control, check_batch_size
+from .runner_control import _runner_control, check_batch_size, runner_folder_options
 from .sizing import code_identity
 from .stage import Stage, StageWork, _worker_setup
 from .worker_env import EnvBuilder
@@ -96,12 +96,7 @@ def prepare_job(runner: Any, indices: Iterable[int], parallel: Any, control: dic
         raise ConfigError(f"{name}.output_dir: not set; shards need a folder to go to")
     indices = check_indices(indices, name)
     batch_size = check_batch_size(getattr(runner, "batch_size", None))
-    resume = getattr(runner, "resume", True)
-    if not isinstance(resume, bool):
-        raise ConfigError(f"{name}.resume: must be true or false, got {resume!r}")
-    shard_subdir = str(getattr(runner, "shard_subdir", "") or "")
-    if shard_subdir and (shard_subdir.startswith("/") or ".." in Path(shard_subdir).parts):
-        raise ConfigError(f"{name}.shard_subdir: {shard_subdir!r} must be a relative folder inside output_dir")
+    resume, shard_subdir = runner_folder_options(runner, name)
     spec = ParallelSpec.from_config(plain_parallel(parallel))
     control = _runner_control(OmegaConf.create(_control_block(control or {})))
     layout = RunnerLayout(Path(runner.output_dir), shard_subdir)
