@@ -88,7 +88,8 @@ down_oar() {
   rm -f "$st/postgres.pid" "$E3P_INFRA_DIR/oar.env"
   local record
   for record in "$st"/traverse.*; do # what oar_up.sh granted the submit user on the way to the checkout
-    [ -e "$record" ] && revoke_traverse "${record##*/traverse.}" "$record"
+    [ -e "$record" ] || continue  # no grant recorded (the checkout was reachable already)
+    revoke_traverse "${record##*/traverse.}" "$record"
   done
 }
 
