@@ -250,7 +250,6 @@ def test_cancelling_a_deployment_run_cancels_its_jobs(slurm, prefect_server, tmp
     """A real cancellation: the flow is served by a Prefect runner, cancelled through the API."""
     from prefect import get_client
     from prefect.client.schemas.objects import StateType
-    from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
     cfg = _slow_toy(tmp_path, n=40, num_shards=4, delay_s=2)
@@ -263,20 +262,7 @@ def test_cancelling_a_deployment_run_cancels_its_jobs(slurm, prefect_server, tmp
         cwd=ROOT, env={**os.environ}, stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
     try:
-        flow_run = None
-        deadline = time.monotonic() + 60
-        while flow_run is None:
-            try:
-                flow_run = run_deployment(f"infer/{name}", parameters={"config": [str(path)]}, timeout=0)
-            except Exception:
-                if time.monotonic() > deadline or serve.poll() is not None:
-                    raise
-                time.sleep(1)
-        tag = run_tag(str(flow_run.id))
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "jobs.log").exists():  # shards are running inside our jobs
-            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
-            time.sleep(0.5)
+        flow_run, tag = start_served_run(name, path, serve, tmp_path, serve_timeout_s=60)
         ours = [j for j in queue_jobs("slurm") if j[1] == f"e3p-{tag}"]
         assert len(ours) == 2, (ours, queue_jobs("slurm"))  # the job names carry the flow run
         with get_client(sync_client=True) as client:
@@ -328,3 +314,25 @@ def test_ssh_unknown_host_key_is_a_one_line_error(sshd, prefect_server, tmp_path
     assert state.is_failed()
     assert "Host key is not trusted" in str(state.message)
     assert "parallel.options.connect_options.known_hosts" in str(state.message)
+
+
+def start_served_run(name: str, config_path, serve: subprocess.Popen, work_dir, serve_timeout_s: float):
+    """Run the deployment ``infer/<name>`` that ``serve`` is serving (retried until it answers, at most
+    ``serve_timeout_s``), then wait until its shards run inside our jobs (``work_dir/jobs.log``).
+    Returns ``(flow run, run tag)``; ``work_dir/serve.log`` is shown when the shards never start."""
+    from prefect.deployments import run_deployment
+
+    flow_run = None
+    deadline = time.monotonic() + serve_timeout_s
+    while flow_run is None:
+        try:
+            flow_run = run_deployment(f"infer/{name}", parameters={"config": [str(config_path)]}, timeout=0)
+        except Exception:
+            if time.monotonic() > deadline or serve.poll() is not None:
+                raise
+            time.sleep(1)
+    deadline = time.monotonic() + 120
+    while not (work_dir / "jobs.log").exists():  # shards are running inside our jobs
+        assert time.monotonic() < deadline, (work_dir / "serve.log").read_text()[-3000:]
+        time.sleep(0.5)
+    return flow_run, run_tag(str(flow_run.id))

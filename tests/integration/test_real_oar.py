@@ -37,7 +37,7 @@ import pytest
 from tests.conftest import ROOT, toy_config, write_yaml
 from tests.helpers.toy import read_lines
 from tests.integration.test_real_backends import (  # noqa: F401 (dtmf_local is a fixture)
-    _need, _slow_toy, batch_parallel, dtmf_local, dtmf_outputs, run_tag)
+    _need, _slow_toy, batch_parallel, dtmf_local, dtmf_outputs, run_tag, start_served_run)
 
 pytestmark = pytest.mark.slow
 
@@ -257,7 +257,6 @@ def test_oar_cancelling_a_deployment_run_cancels_its_jobs(oar, oar_python, prefe
     """The flow served by a Prefect runner of the submit user's, cancelled through the API."""
     from prefect import get_client
     from prefect.client.schemas.objects import StateType
-    from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
     cfg = _slow_toy(oar_work, n=40, num_shards=4, delay_s=2)
@@ -274,20 +273,7 @@ def test_oar_cancelling_a_deployment_run_cancels_its_jobs(oar, oar_python, prefe
         start_new_session=True)
     tag = None
     try:
-        flow_run = None
-        deadline = time.monotonic() + 90
-        while flow_run is None:
-            try:
-                flow_run = run_deployment(f"infer/{name}", parameters={"config": [str(path)]}, timeout=0)
-            except Exception:
-                if time.monotonic() > deadline or serve.poll() is not None:
-                    raise
-                time.sleep(1)
-        tag = run_tag(str(flow_run.id))
-        deadline = time.monotonic() + 120
-        while not (oar_work / "jobs.log").exists():  # shards are running inside our jobs
-            assert time.monotonic() < deadline, (oar_work / "serve.log").read_text()[-3000:]
-            time.sleep(0.5)
+        flow_run, tag = start_served_run(name, path, serve, oar_work, serve_timeout_s=90)
         running = oar_listed(tag)
         assert len(running) == 2, (running, oar_jobs())  # the job names carry the flow run
         assert {line.split()[0] for line in read_lines(oar_work / "jobs.log")} <= {i for i, _ in running}
