@@ -63,6 +63,22 @@ class Progress:
         self._last_pct = pct
 
 
+# ``extra=`` for a flow's log line that the CLI prints on stdout itself (the closing summary): the flow-run
+# log (the UI) keeps it, the CLI's terminal shows it once.
+CONSOLE_OFF = {"e3p_console": False}
+
+
+def drop_from_console(record) -> bool:
+    """A logging filter for console handlers: drops records logged with ``extra=CONSOLE_OFF``.
+
+    >>> import logging
+    >>> record = logging.LogRecord("x", logging.INFO, __file__, 1, "summary", None, None)
+    >>> drop_from_console(record), record.__dict__.update(CONSOLE_OFF), drop_from_console(record)
+    (True, None, False)
+    """
+    return getattr(record, "e3p_console", True)
+
+
 TIMING_KEYS = ("load_s", "wait_s", "forward_s", "write_s")
 
 

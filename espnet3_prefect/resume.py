@@ -92,3 +92,26 @@ def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:
     batch_size = stage.work.batch_size
     count = stage.num_shards or default_num_shards(n_items, stage.n_workers, batch_size)
     return plan_shards(stage.test_set, n_items, count, batch_size, lengths=lengths)
+
+
+def all_complete(stages: list[Stage]) -> list[dict] | None:
+    """The summaries of ``stages`` when none of them needs any work, checked in this process (no server,
+    no cluster), else None. Cheap when there is work: a test set never merged for this config is
+    answered before its dataset is built. A dataset that cannot be built here (e.g. data the flow
+    prepares first) counts as work: the flow run then says why, or fails with the real error."""
+    from .sizing import size_on_driver
+
+    summaries = []
+    for stage in stages:
+        record = read_merged_record(stage.layout)
+        if not stage.resume or not record or record.get("identity_fingerprint") != stage.identity_fingerprint:
+            return None
+        try:
+            sizing = size_on_driver(stage)
+        except Exception:  # noqa: BLE001 - not an answer here; the flow run reports it
+            return None
+        summary, _ = already_complete(stage, sizing)
+        if summary is None:
+            return None
+        summaries.append(summary)
+    return summaries

@@ -36,6 +36,8 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
     from espnet3_prefect.tasks.run_shard import run_shard
 
     what = what or f"test set {stage.test_set!r}"
+    # Drawn before the first submission: a shard can finish while later ones are still being submitted.
+    progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards), kind=kind)
     pending: dict = {}
     submitted = time.perf_counter()
     for shard in shards:
@@ -43,7 +45,6 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
                                       retries=stage.retries, retry_delay_seconds=list(stage.retry_delay_s))
         future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]})
         pending[future.wrapped_future.key] = (future, shard)
-    progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards), kind=kind)
     counts: dict[str, Any] = {"run": 0, "cached": 0, "failed": 0, "jobs": set(), "timing": empty_timing()}
     failures = []
     for done in as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop):

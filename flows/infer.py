@@ -21,7 +21,7 @@ from espnet3_prefect.flows.dispatch import forget_env, run_shards, take_run_lock
 from espnet3_prefect.errors import ConfigError, one_line
 from espnet3_prefect.merge import remove_merged
 from espnet3_prefect.plan import write_manifest
-from espnet3_prefect.report import format_summary, publish_summary
+from espnet3_prefect.report import CONSOLE_OFF, format_summary, publish_summary
 from espnet3_prefect.resume import already_complete, plan_for, remove_stale, shards_to_redo
 from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.parallel import preflight
@@ -77,7 +77,7 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None,
     finally:
         lock.release()
     publish_summary(summaries)
-    logger.info("summary:\n%s", format_summary(summaries))
+    logger.info("summary:\n%s", format_summary(summaries), extra=CONSOLE_OFF)  # the CLI prints it on stdout
     return summaries
 
 

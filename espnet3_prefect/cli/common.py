@@ -4,8 +4,10 @@ runs from the shell (validate the config, then a Prefect server, then the flow, 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 from ..server import STATE_DIR_HELP
 
@@ -59,10 +61,21 @@ class SwitchCommand(argparse.Action):
 
 
 def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Callable[[], Any],
-              show: Callable[[Any], None]) -> int:
+              show: Callable[[Any], None], settled: Callable[[], Any] | None = None) -> int:
     """Validate (every config error before any server starts), then run the flow with a Prefect API
-    (``$PREFECT_API_URL`` or the embedded server), then print what it returned."""
+    (``$PREFECT_API_URL`` or the embedded server), then print what it returned.
+
+    ``settled``, when given, answers without a server: it returns what ``run`` would (e.g. every test
+    set already done and verified), or None when there is work. ``--keep-server`` always runs the flow
+    (the user asked for a UI to look at)."""
     validate()
+    if settled is not None and not args.keep_server:
+        result = settled()
+        if result is not None:
+            print("nothing to run: every test set is done and verified (no server started, no flow run)",
+                  file=sys.stderr)
+            show(result)
+            return 0
     from ..server import prefect_api
 
     api_url = None
@@ -75,6 +88,26 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
             print_kept_server(api_url)
     show(result)
     return 0
+
+
+@contextmanager
+def console_skips_summary() -> Iterator[None]:
+    """Keep a flow's closing summary out of the terminal's log lines while the CLI runs it (the lines
+    logged with ``report.CONSOLE_OFF``): the CLI prints it on stdout itself, the flow-run log (the UI)
+    keeps its copy."""
+    import prefect.main  # noqa: F401 - sets up Prefect's logging (its console handler) if nothing has yet
+
+    from ..report import drop_from_console
+
+    handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
+                if type(h).__name__ == "PrefectConsoleHandler"]
+    for handler in handlers:
+        handler.addFilter(drop_from_console)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop_from_console)
 
 
 def print_kept_server(api_url: str) -> None:

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_config, add_server_options, configs_of, run_stage, split_args
+from .common import add_config, add_server_options, configs_of, console_skips_summary, run_stage, split_args
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -40,25 +40,34 @@ def register(sub) -> argparse.ArgumentParser:
 
 def run_infer(args: argparse.Namespace) -> int:
     configs, overrides = configs_of(args)
+    prepared = []
 
     def validate():
         from ..config import load_config
         from ..parallel import preflight
         from ..stage import prepare_stages
 
-        preflight(prepare_stages(load_config(configs, overrides))[0])
+        spec, stages = prepare_stages(load_config(configs, overrides))
+        preflight(spec)
+        prepared.extend(stages)
+
+    def settled():
+        from ..resume import all_complete
+
+        return all_complete(prepared)
 
     def run():
         from ..flows.infer import infer
 
-        return infer(config=[str(Path(c)) for c in configs], overrides=overrides)
+        with console_skips_summary():
+            return infer(config=[str(Path(c)) for c in configs], overrides=overrides)
 
     def show(summaries):
         from ..report import format_summary
 
         print(format_summary(summaries))
 
-    return run_stage(args, validate=validate, run=run, show=show)
+    return run_stage(args, validate=validate, run=run, show=show, settled=settled)
 
 
 def run_metrics(args: argparse.Namespace) -> int:
