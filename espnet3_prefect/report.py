@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -77,6 +79,36 @@ def drop_from_console(record) -> bool:
     (True, None, False)
     """
     return getattr(record, "e3p_console", True)
+
+
+# Set (any non-empty value) to keep every Prefect line on the terminal; the CLI's --verbose sets it.
+VERBOSE_ENV = "ESPNET3_PREFECT_VERBOSE"
+
+
+def drop_task_completions(record) -> bool:
+    """A logging filter for console handlers: drops a task run's INFO "Finished in state Completed()"
+    (or Cached) line, so a shard shows one line (its own ``split.N: ...``); failures stay. Kept with
+    ``$ESPNET3_PREFECT_VERBOSE``.
+
+    >>> import logging
+    >>> line = lambda name, level, msg: logging.LogRecord(name, level, "f", 1, msg, None, None)
+    >>> drop_task_completions(line("prefect.task_runs", logging.INFO, "Finished in state Completed()"))
+    False
+    >>> drop_task_completions(line("prefect.task_runs", logging.ERROR, "Finished in state Failed('x')"))
+    True
+    """
+    if os.environ.get(VERBOSE_ENV):
+        return True
+    return not (record.name.startswith("prefect.task_runs") and record.levelno == logging.INFO
+                and str(record.msg).startswith("Finished in state "))
+
+
+def quiet_console() -> None:
+    """Add :func:`drop_task_completions` to this process's Prefect console handlers (once); called
+    where task runs log: the driver and each worker (when it imports our tasks)."""
+    for handler in logging.getLogger().handlers + logging.getLogger("prefect").handlers:
+        if type(handler).__name__ == "PrefectConsoleHandler" and drop_task_completions not in handler.filters:
+            handler.addFilter(drop_task_completions)
 
 
 TIMING_KEYS = ("load_s", "wait_s", "forward_s", "write_s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -48,6 +49,12 @@ def add_server_options(parser: argparse.ArgumentParser, state_dir_help: str = ST
                             help="leave the embedded Prefect server running (to browse the UI afterwards)")
 
 
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    """``--verbose``: every Prefect line on the terminal (by default a shard shows one line)."""
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every Prefect log line (also each task run's 'Finished in state ...')")
+
+
 class SwitchCommand(argparse.Action):
     """A flag that hands the command to another handler (``infer --detach``, ``deploy-local --stop``)."""
 
@@ -68,6 +75,10 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
     ``settled``, when given, answers without a server: it returns what ``run`` would (e.g. every test
     set already done and verified), or None when there is work. ``--keep-server`` always runs the flow
     (the user asked for a UI to look at)."""
+    if getattr(args, "verbose", False):
+        from ..report import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"  # workers started from here inherit it
     validate()
     if settled is not None and not args.keep_server:
         result = settled()

@@ -11,7 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_config, add_server_options, configs_of, console_skips_summary, run_stage, split_args
+from .common import (add_config, add_server_options, add_verbose, configs_of, console_skips_summary, run_stage,
+                     split_args)
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -19,6 +20,7 @@ def register(sub) -> argparse.ArgumentParser:
     infer = sub.add_parser("infer", help="run the infer stage (flow 'infer')")
     add_config(infer)
     add_server_options(infer)
+    add_verbose(infer)
     infer.set_defaults(handler=run_infer)
 
     metrics = sub.add_parser("metrics", help="run the metrics stage (flow 'metrics')")
@@ -27,6 +29,7 @@ def register(sub) -> argparse.ArgumentParser:
                          help="inference config files, then key=value overrides: the test sets dataset:<column> "
                               "inputs read (and inference_dir when the metrics config has none)")
     add_server_options(metrics)
+    add_verbose(metrics)
     metrics.set_defaults(handler=run_metrics)
 
     evaluate = sub.add_parser("evaluate", help="infer then metrics, with a score history (flow 'evaluate')")
@@ -34,6 +37,7 @@ def register(sub) -> argparse.ArgumentParser:
     add_config(evaluate, "--metrics-config", help="metrics config files, then key=value overrides for metrics",
                extra=False)
     add_server_options(evaluate)
+    add_verbose(evaluate)
     evaluate.set_defaults(handler=run_evaluate)
     return infer
 

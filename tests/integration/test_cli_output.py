@@ -24,6 +24,10 @@ def test_summary_printed_once_and_a_finished_stage_starts_no_server(tmp_path):
     line = "test_a: 8 items, 2 shards run, 0 cached"
     assert first.stdout.count(line) == 1 and line not in first.stderr, first.stderr[-3000:]
     assert "Prefect API" in first.stderr
+    # One line per shard at the default level (a task run's "Finished in state Completed()" is dropped;
+    # the workers print these lines themselves, so this also checks the filter reached them).
+    assert "split.0: 4 items" in first.stderr and "split.1: 4 items" in first.stderr
+    assert "Task run 'run-shard-test_a-0' - Finished in state" not in first.stderr, first.stderr[-3000:]
 
     again = subprocess.run([*CLI, "infer", "--config", str(cfg)], env=cli_env(home), capture_output=True,
                            text=True, timeout=120, cwd=tmp_path)
@@ -33,11 +37,12 @@ def test_summary_printed_once_and_a_finished_stage_starts_no_server(tmp_path):
     assert again.stderr.strip() == ("nothing to run: every test set is done and verified "
                                     "(no server started, no flow run)")
 
-    # A changed config is work again: the flow runs (and says why).
-    changed = subprocess.run([*CLI, "infer", "--config", str(cfg), "model.scale=4"], env=cli_env(home),
+    # A changed config is work again: the flow runs (and says why); --verbose shows every Prefect line.
+    changed = subprocess.run([*CLI, "infer", "--config", str(cfg), "model.scale=4", "--verbose"], env=cli_env(home),
                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert changed.returncode == 0 and "Prefect API" in changed.stderr, changed.stderr[-3000:]
     assert "test_a: 8 items, 2 shards run, 0 cached" in changed.stdout
+    assert "Task run 'run-shard-test_a-0' - Finished in state Completed()" in changed.stderr
 
 
 class _Recorder:
