@@ -59,10 +59,10 @@ class Watch(threading.Thread):
         super().__init__(daemon=True)
         self.cmdlines: set[str] = set()
         self.probed: list[str] = []
-        self.probe, self.every_s, self._stop = probe, every_s, threading.Event()
+        self.probe, self.every_s, self._halt = probe, every_s, threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             for entry in Path("/proc").glob("[0-9]*/cmdline"):
                 try:
                     self.cmdlines.add(entry.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
@@ -73,10 +73,10 @@ class Watch(threading.Thread):
                     self.probed.extend(self.probe())
                 except Exception as exc:  # a job that left between listing and asking
                     self.probed.append(f"probe failed: {exc}")
-            self._stop.wait(self.every_s)
+            self._halt.wait(self.every_s)
 
     def stop(self) -> "Watch":
-        self._stop.set()
+        self._halt.set()
         self.join(30)
         return self
 
@@ -138,12 +138,12 @@ def test_cli_serves_beyond_loopback_with_auth(tmp_path):
 
     watch = Watch()
     watch.start()
-    proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "--server-host", address, "--keep-server"],
-                          env=cli_env(home), capture_output=True, text=True, timeout=400, cwd=tmp_path)
-    watch.stop()
-    info = json.loads((home / "server.json").read_text())
     try:
+        proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "--server-host", address, "--keep-server"],
+                              env=cli_env(home), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+        watch.stop()
         assert proc.returncode == 0, proc.stderr[-3000:]
+        info = json.loads((home / "server.json").read_text())
         creds = read_client_file(client_file(home))
         assert oct((home / "api-client.json").stat().st_mode & 0o777) == "0o600"
         assert info["auth"] is True and creds.api_url == info["api_url"] and creds.api_url.startswith(f"http://{address}:")
@@ -160,8 +160,11 @@ def test_cli_serves_beyond_loopback_with_auth(tmp_path):
         assert not any(secret_part in line for line in watch.cmdlines)
     finally:
         from espnet3_prefect.server import stop_server
+        from espnet3_prefect.util import read_json
 
-        stop_server(info["pid"])
+        kept = read_json(home / "server.json")
+        if kept:
+            stop_server(kept["pid"])
 
 
 # -- batch schedulers: one authed server for the module, the CLI reuses it --------------------------
