@@ -1,6 +1,6 @@
-"""The Prefect API served beyond loopback: where it listens, its basic-auth credential, and the
-0600 client file that hands the URL and credential to every client (the CLI, deploy-local's
-worker, local and remote Dask workers).
+"""The Prefect API served beyond loopback: its basic-auth credential, and the 0600 client file that
+hands the URL and credential to every client (the CLI, deploy-local's worker, local and remote Dask
+workers). Where the server listens is :mod:`espnet3_prefect.api_host`'s.
 
 Loopback (the default) runs as before: no credential. Any other address turns on Prefect's
 self-hosted basic auth: the server gets ``PREFECT_SERVER_API_AUTH_STRING`` in its environment
@@ -13,24 +13,21 @@ get only the file's path (:data:`~espnet3_prefect.util.CLIENT_FILE_VAR`); the Da
 
 from __future__ import annotations
 
-import ipaddress
+import contextlib
 import json
 import os
 import secrets
-import socket
 import stat
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, MutableMapping
+from typing import Callable, Iterator, Mapping, MutableMapping
 
 from .errors import ConfigError, Espnet3PrefectError
-from .util import CLIENT_FILE_VAR, SECRET_VARS, without_secrets  # noqa: F401 (re-exported)
+from .util import CLIENT_FILE_VAR
 
 CLIENT_FILE_NAME = "api-client.json"
 AUTH_USER = "espnet3"
-HOST_VAR = "ESPNET3_PREFECT_SERVER_HOST"
-"""Default of ``--server-host``: where the embedded server of a run listens."""
 
 
 class CredentialFileError(Espnet3PrefectError):
@@ -66,79 +63,6 @@ def new_auth_string() -> str:
     ('espnet3', 43)
     """
     return f"{AUTH_USER}:{secrets.token_urlsafe(32)}"
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or a name) only listens on this machine.
-
-    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("::1"), is_loopback("10.1.2.3")
-    (True, True, True, False)
-    """
-    if host in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def resolve_host(host: str) -> str:
-    """The address the server binds for ``host``: an address, a network interface name (its IPv4
-    address) or a host name (resolved); one line naming ``host`` when it is none of these."""
-    host = host.strip()
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        pass
-    if host in dict(socket.if_nameindex()).values():
-        address = _interface_address(host)
-        if address is None:
-            raise ConfigError(f"--server-host {host}: the network interface has no IPv4 address")
-        return address
-    try:
-        return socket.gethostbyname(host)
-    except OSError:
-        raise ConfigError(f"--server-host {host}: not an address, a network interface or a host name "
-                          f"this machine can resolve") from None
-
-
-def _interface_address(name: str) -> str | None:
-    import fcntl
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:  # SIOCGIFADDR
-            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
-def url_host(address: str) -> str:
-    """The host part clients use in the URL: the machine's name for a wildcard bind, IPv6 bracketed.
-
-    >>> url_host("10.0.0.5"), url_host("::1")
-    ('10.0.0.5', '[::1]')
-    """
-    if address in ("0.0.0.0", "::"):
-        return socket.getfqdn()
-    return f"[{address}]" if ":" in address else address
-
-
-def auth_required(address: str, auth: bool | None) -> bool:
-    """Whether the server on ``address`` runs with auth: ``auth`` when given, else on off loopback.
-    Serving beyond loopback without auth is refused.
-
-    >>> auth_required("127.0.0.1", None), auth_required("10.0.0.5", None), auth_required("127.0.0.1", True)
-    (False, True, True)
-    """
-    if auth is None:
-        return not is_loopback(address)
-    if not auth and not is_loopback(address):
-        raise ConfigError(f"refusing to serve the Prefect API on {address} without auth: anyone who can reach "
-                          f"that address could read and change your runs, deployments and parameters "
-                          f"(drop the --no-auth/--no-server-auth switch, or serve on 127.0.0.1)")
-    return auth
 
 
 # -- the client file -----------------------------------------------------------------------------
@@ -279,3 +203,29 @@ def exported_client_env(creds: ClientCredentials, home: Path | None = None) -> d
     if home is not None:
         env["PREFECT_HOME"] = str(Path(home) / "client_home")
     return env
+
+
+@contextlib.contextmanager
+def exported(creds: ClientCredentials | None, home: Path | None = None) -> Iterator[None]:
+    """``creds`` (a :class:`~espnet3_prefect.api_auth.ClientCredentials`, None: nothing to add) in
+    ``os.environ`` and in Prefect's settings for this process, and back as they were on exit."""
+    if creds is None:
+        yield
+        return
+    updates = exported_client_env(creds, home)
+    saved = {k: os.environ.get(k) for k in updates}
+    os.environ.update(updates)
+    try:
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+        settings = {PREFECT_API_URL: creds.api_url}
+        if creds.auth_string:
+            settings[PREFECT_API_AUTH_STRING] = creds.auth_string
+        with temporary_settings(updates=settings):
+            yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

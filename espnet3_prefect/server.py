@@ -117,7 +117,7 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
                  auth_string: str | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
     ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv)."""
-    from .api_auth import url_host
+    from .api_host import url_host
 
     port = port or free_port(host)
     api_url = f"http://{url_host(host)}:{port}/api"
@@ -194,14 +194,15 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
     ...     print(url)
     http://127.0.0.1:41231/api
     """
-    from .api_auth import HOST_VAR, auth_required, external_client, resolve_host, server_client
+    from .api_auth import exported, external_client, server_client
+    from .api_host import HOST_VAR, auth_required, resolve_host
 
     chosen_host = host or os.environ.get(HOST_VAR)
     if os.environ.get("PREFECT_API_URL"):
         if host:
             raise Espnet3PrefectError(f"--server-host {host}: PREFECT_API_URL is set, so no embedded server "
                                       f"starts; unset it or drop --server-host")
-        with _exported(external_client(lambda: state_dir(home))):
+        with exported(external_client(lambda: state_dir(home))):
             yield os.environ["PREFECT_API_URL"]
         return
     address = resolve_host(chosen_host) if chosen_host else "127.0.0.1"
@@ -219,7 +220,7 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
         me.unlink(missing_ok=True)
         raise
     try:
-        with _exported(creds, home):
+        with exported(creds, home):
             yield info["api_url"]
     finally:
         me.unlink(missing_ok=True)
@@ -256,34 +257,6 @@ def _flush_prefect() -> None:
         from prefect.events.worker import EventsWorker
 
         EventsWorker.drain_all(timeout=10)
-
-
-@contextlib.contextmanager
-def _exported(creds, home: Path | None = None) -> Iterator[None]:
-    """``creds`` (a :class:`~espnet3_prefect.api_auth.ClientCredentials`, None: nothing to add) in
-    ``os.environ`` and in Prefect's settings for this process, and back as they were on exit."""
-    from .api_auth import exported_client_env
-
-    if creds is None:
-        yield
-        return
-    updates = exported_client_env(creds, home)
-    saved = {k: os.environ.get(k) for k in updates}
-    os.environ.update(updates)
-    try:
-        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
-
-        settings = {PREFECT_API_URL: creds.api_url}
-        if creds.auth_string:
-            settings[PREFECT_API_AUTH_STRING] = creds.auth_string
-        with temporary_settings(updates=settings):
-            yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 # -- the registry of the servers we started (read by servers.py) -------------------------------

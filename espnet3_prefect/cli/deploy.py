@@ -104,7 +104,8 @@ def _wait_for_worker(creds, pool: str, proc: subprocess.Popen, log: Path) -> flo
 def deploy_local(args: argparse.Namespace) -> int:
     """Server (reused when running) + work pool + ``prefect deploy --all`` + a process worker."""
     from .._proc import run_command
-    from ..api_auth import auth_required, resolve_host, server_client
+    from ..api_auth import server_client
+    from ..api_host import auth_required, resolve_host
     from ..atomic import atomic_write_text
     from ..server import prefect_executable, running_server, start_recorded, state_dir
 

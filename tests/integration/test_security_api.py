@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect.api_auth import client_file, read_client_file, resolve_host
+from espnet3_prefect.api_auth import client_file, read_client_file
+from espnet3_prefect.api_host import resolve_host
 from tests.conftest import ROOT, toy_config, write_yaml
 from tests.helpers.procs import CLI, cli_env
 from tests.integration.test_real_backends import batch_parallel, queue_jobs, sge, slurm  # noqa: F401 (fixtures)

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from espnet3_prefect.api_auth import (
-    ClientCredentials, CredentialFileError, auth_required, load_client_environ, new_auth_string, read_client_file,
-    resolve_host, write_client_file,
+    ClientCredentials, CredentialFileError, load_client_environ, new_auth_string, read_client_file, write_client_file,
 )
+from espnet3_prefect.api_host import auth_required, resolve_host
 from espnet3_prefect.backends import cluster_kwargs
 from espnet3_prefect.backends.base import exported_environment
 from espnet3_prefect.backends.preview import render_job_script
