@@ -369,3 +369,50 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
         for proc in reversed(procs):
             stop_group(proc.pid, 20)
         stop_server(info["pid"])
+
+
+# -- deploy-local --host: the deployments' server, worker and flow runs with auth ------------------
+
+def test_deploy_local_beyond_loopback_with_auth_and_a_detached_run(tmp_path):
+    from prefect.client.orchestration import SyncPrefectClient
+
+    from espnet3_prefect.server import free_port
+
+    address = non_loopback_address()
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "prefect.yaml", project)
+    for folder in ("flows", "recipes", "deployments"):
+        shutil.copytree(ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    home = tmp_path / "home"
+    env = cli_env(home)
+    watch = Watch()
+    watch.start()
+    try:
+        proc = subprocess.run([*CLI, "deploy-local", "--host", address, "--port", str(free_port(address)),
+                               "--project-dir", str(project)], env=env, capture_output=True, text=True, timeout=500)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        creds = read_client_file(client_file(home))
+        assert creds.api_url.startswith(f"http://{address}:") and f"export PREFECT_API_URL={creds.api_url}" in proc.stdout
+        assert f"auth:    basic auth; credential in {home / 'api-client.json'} (mode 0600)" in proc.stdout
+        assert status_of(creds.api_url, None) == 401
+        cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=6, num_shards=2))
+        detached = subprocess.run([*CLI, "infer", "--detach", "--config", str(cfg)], env=env, cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=120)
+        assert detached.returncode == 0, detached.stderr[-3000:]
+        run_id = detached.stdout.split("flow run id: ")[1].split()[0]
+        with SyncPrefectClient(creds.api_url, auth_string=creds.auth_string) as client:
+            deadline = time.monotonic() + 300
+            while not (run := client.read_flow_run(run_id)).state.is_final() and time.monotonic() < deadline:
+                time.sleep(1)
+        assert run.state.is_completed(), run.state.message
+        watch.stop()
+        seen = recorded(creds)
+        assert {"run-shard-test_a-0", "run-shard-test_a-1"} <= set(seen["tasks"]), seen["tasks"]
+        assert_nowhere(creds.auth_string, cli_output=proc.stdout + proc.stderr + detached.stdout + detached.stderr,
+                       flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"],
+                       command_lines=watch.cmdlines, our_files=texts_under(home, tmp_path / "inference"))
+    finally:
+        watch.stop()
+        stop = subprocess.run([*CLI, "deploy-local", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+        assert stop.returncode == 0, stop.stderr
