@@ -32,7 +32,7 @@ from espnet3_prefect.api_auth import client_file, read_client_file
 from espnet3_prefect.api_host import resolve_host
 from tests.conftest import ROOT, toy_config, write_yaml
 from tests.helpers.procs import CLI, cli_env
-from tests.integration.test_real_backends import batch_parallel, queue_jobs, sge, slurm  # noqa: F401 (fixtures)
+from tests.integration.test_real_backends import batch_parallel, queue_jobs, sge, slurm, sshd  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 
@@ -265,6 +265,34 @@ def test_a_client_file_the_node_cannot_read_fails_the_run_on_one_line(slurm, ser
     assert line in proc.stderr, proc.stderr[-3000:]
     assert "ended before a Dask worker connected" in proc.stderr
     assert time.monotonic() - started < 240
+
+
+@pytest.mark.ssh
+def test_ssh_workers_record_task_runs_through_the_client_file(sshd, served, tmp_path):
+    creds = served["creds"]
+    cfg = toy_config(tmp_path, n=6, num_shards=2)
+    cfg["runner"]["_target_"] = "tests.helpers.toy.JobRecordingRunner"
+    cfg["provider"]["params"].update(job_log=str(tmp_path / "pids.log"))
+    connect = {"port": sshd["port"], "username": sshd["user"], "client_keys": [sshd["key"]],
+               "known_hosts": sshd["known_hosts"]}
+    cfg["parallel"] = {"env": "ssh", "n_workers": 1, "num_shards": 2,
+                       "options": {"hosts": [sshd["host"], sshd["host"]], "connect_options": connect}}
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    watch = Watch()
+    watch.start()
+    proc = subprocess.run([*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
+                          env=cli_env(served["home"]), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    watch.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pids = {line.split()[1] for line in (tmp_path / "pids.log").read_text().splitlines()}
+    assert pids and str(os.getpid()) not in pids
+    remote = [line for line in watch.cmdlines
+              if "distributed.cli.dask_spec" in line and f"ESPNET3_PREFECT_CLIENT_FILE={creds.source}" in line]
+    assert remote, "no ssh worker command line with the client file's path was seen"
+    seen = recorded(creds)
+    assert sum(1 for n, st in seen["tasks"].items() if n.startswith("run-shard-test_a") and st == "COMPLETED") >= 2
+    assert_nowhere(creds.auth_string, cli_output=proc.stdout + proc.stderr, command_lines=watch.cmdlines,
+                   flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"])
 
 
 # -- a worker in its own network namespace --------------------------------------------------------

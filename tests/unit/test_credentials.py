@@ -132,6 +132,12 @@ def test_ssh_workers_preload_and_get_only_the_path():
     assert ENVIRON[CLIENT_FILE_VAR] in kwargs["remote_python"] and SECRET not in str(kwargs)
 
 
+def test_kube_refuses_an_authenticated_api_on_one_line():
+    spec = ParallelSpec(env="kube", n_workers=1, options={"image": "registry/e3p:1"})
+    with pytest.raises(ConfigError, match="parallel.env 'kube': a Prefect API that asks for auth is not supported"):
+        cluster_kwargs(spec, environ=ENVIRON)
+
+
 def backends_class(env):
     from espnet3_prefect import backends
 
