@@ -194,7 +194,7 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
     ...     print(url)
     http://127.0.0.1:41231/api
     """
-    from .api_auth import exported, external_client, server_client
+    from .api_auth import client_file, exported, external_client, server_client
     from .api_host import HOST_VAR, auth_required, resolve_host
 
     chosen_host = host or os.environ.get(HOST_VAR)
@@ -228,6 +228,8 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
             _flush_prefect()
             stop_server(info["pid"])
             (home / "server.json").unlink(missing_ok=True)
+            if info.get("auth"):  # its credential is worth nothing now; no stale secret left on disk
+                client_file(home).unlink(missing_ok=True)
 
 
 def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool = False,

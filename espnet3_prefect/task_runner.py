@@ -158,7 +158,7 @@ def run_prefect_task(task, *, settings: Opaque, context: Opaque, **run_task_kwar
         return run_task_sync(task=task, **run_task_kwargs)
 
 
-DRAIN_TIMEOUT_S = 10.0
+DRAIN_TIMEOUT_S = 5.0  # per Prefect service, on each worker, once when the cluster closes
 
 
 def drain_prefect_services(timeout_s: float = DRAIN_TIMEOUT_S) -> None:
@@ -205,7 +205,7 @@ class ShardTaskRunner(DaskTaskRunner):
     def __exit__(self, *exc_info) -> None:
         if self._client is not None:  # before the cluster closes (and batch jobs are cancelled)
             with contextlib.suppress(Exception):
-                self._client.run(drain_prefect_services)
+                self._client.run(drain_prefect_services, on_error="ignore")
         super().__exit__(*exc_info)
 
     def submit(self, task, parameters, wait_for=None, dependencies=None):

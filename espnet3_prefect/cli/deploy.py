@@ -181,6 +181,7 @@ def _print_ready(state: dict, headline: str) -> None:
 
 def stop_local(args: argparse.Namespace) -> int:
     """Stop the worker (and its flow runs) and the server recorded by ``deploy-local``."""
+    from ..api_auth import CLIENT_FILE_NAME
     from ..server import state_dir
 
     home = state_dir(args.state_dir)
@@ -200,6 +201,9 @@ def stop_local(args: argparse.Namespace) -> int:
     server = read_json(home / "server.json")
     if isinstance(server, dict) and server.get("pid") == state["server_pid"]:
         (home / "server.json").unlink(missing_ok=True)
+    client = read_json(home / CLIENT_FILE_NAME)
+    if isinstance(client, dict) and client.get("api_url") == state["api_url"]:  # a stopped server's credential
+        (home / CLIENT_FILE_NAME).unlink(missing_ok=True)
     (home / STATE_FILE).unlink(missing_ok=True)
     print("stopped " + (", ".join(stopped) if stopped else "nothing (already gone)"))
     return 0

@@ -159,6 +159,10 @@ def test_cli_serves_beyond_loopback_with_auth(tmp_path):
                        flow_run_logs=seen["logs"], command_lines=watch.cmdlines, our_files=texts_under(home, tmp_path / "inference"))
         secret_part = creds.auth_string.split(":", 1)[1]
         assert not any(secret_part in line for line in watch.cmdlines)
+        stop = subprocess.run([*CLI, "servers", "--stop", str(info["pid"])], env=cli_env(home), capture_output=True,
+                              text=True, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert not client_file(home).exists()  # no stale credential left behind
     finally:
         from espnet3_prefect.server import stop_server
         from espnet3_prefect.util import read_json
@@ -444,3 +448,4 @@ def test_deploy_local_beyond_loopback_with_auth_and_a_detached_run(tmp_path):
         watch.stop()
         stop = subprocess.run([*CLI, "deploy-local", "--stop"], env=env, capture_output=True, text=True, timeout=120)
         assert stop.returncode == 0, stop.stderr
+        assert not client_file(home).exists()
