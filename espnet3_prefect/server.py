@@ -88,10 +88,10 @@ def _git_ignored(folder: Path) -> None:
             atomic_write_text(marker, "# espnet3-prefect's local state (Prefect server database, logs, pids)\n*\n")
 
 
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` (an address) right now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
@@ -113,10 +113,14 @@ def prefect_executable() -> str:
     return found
 
 
-def start_server(home: Path, port: int | None = None, ui: bool = True) -> tuple[subprocess.Popen, str]:
-    """Start ``prefect server start`` on 127.0.0.1 and wait until it is healthy."""
-    port = port or free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
+def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: str = "127.0.0.1",
+                 auth_string: str | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
+    ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv)."""
+    from .api_host import url_host
+
+    port = port or free_port(host)
+    api_url = f"http://{url_host(host)}:{port}/api"
     # The UI asks GET /ui-settings where its API is. Prefect answers PREFECT_UI_API_URL, whose default
     # is built from PREFECT_SERVER_API_PORT (4200), not from --port: without this the UI of a server on
     # any other port is blank, or shows the runs of whichever server holds 4200.
@@ -124,9 +128,11 @@ def start_server(home: Path, port: int | None = None, ui: bool = True) -> tuple[
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
            "PREFECT_SERVER_UI_API_URL": api_url}
-    for inherited in ("PREFECT_API_URL", "PREFECT_UI_API_URL"):
+    for inherited in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_SERVER_API_AUTH_STRING"):
         env.pop(inherited, None)
-    cmd = [prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    if auth_string:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
+    cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
     log.info("starting Prefect server: %s", " ".join(cmd))
     logfile = open(home / "server.log", "ab")
     proc = subprocess.Popen(cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
@@ -138,7 +144,7 @@ def start_server(home: Path, port: int | None = None, ui: bool = True) -> tuple[
             tail = (home / "server.log").read_text(errors="replace")[-1500:]
             raise Espnet3PrefectError(f"Prefect server exited with code {proc.returncode}; log {home/'server.log'}: {' '.join(tail.split()[-60:])}")
         if healthy(api_url):
-            _register(proc.pid, api_url, home, ui)
+            _register(proc.pid, api_url, home, ui, auth=bool(auth_string))
             return proc, api_url
         time.sleep(0.5)
     stop_server(proc.pid)
@@ -174,32 +180,47 @@ def _other_users(home: Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool = True) -> Iterator[str]:
+def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool = True,
+                host: str | None = None, auth: bool | None = None) -> Iterator[str]:
     """Yield a Prefect API URL: ``$PREFECT_API_URL``, else a running embedded server, else a new one.
 
     The URL is exported in ``os.environ`` (Dask workers and batch jobs inherit it) and set in
     Prefect's settings for this process. A server started here is stopped on exit unless
-    ``keep`` is set or another run still uses it.
+    ``keep`` is set or another run still uses it. ``host`` (default ``$ESPNET3_PREFECT_SERVER_HOST``,
+    else 127.0.0.1): where a new server listens; off loopback it asks for basic auth (``auth``: force
+    it on loopback too; ``False`` off loopback is refused), see :mod:`espnet3_prefect.api_auth`.
 
     >>> with prefect_api("/tmp/e3p-doc") as url:   # doctest: +SKIP
     ...     print(url)
     http://127.0.0.1:41231/api
     """
+    from .api_auth import client_file, exported, external_client, server_client
+    from .api_host import HOST_VAR, auth_required, resolve_host
+
+    chosen_host = host or os.environ.get(HOST_VAR)
     if os.environ.get("PREFECT_API_URL"):
-        yield os.environ["PREFECT_API_URL"]
+        if host:
+            raise Espnet3PrefectError(f"--server-host {host}: PREFECT_API_URL is set, so no embedded server "
+                                      f"starts; unset it or drop --server-host")
+        with exported(external_client(lambda: state_dir(home))):
+            yield os.environ["PREFECT_API_URL"]
         return
+    address = resolve_host(chosen_host) if chosen_host else "127.0.0.1"
+    with_auth = auth_required(address, auth)
     home = state_dir(home)
     (home / "users").mkdir(exist_ok=True)
     me = home / "users" / str(os.getpid())
     me.touch()
-    info = running_server(home)
-    proc = None
-    if info is None:
-        proc, url = start_server(home, ui=ui)
-        info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")]}
-        atomic_write_text(home / "server.json", json.dumps(info))
     try:
-        with _exported(info["api_url"], home):
+        info = running_server(home)
+        if info is None:
+            info = start_recorded(home, ui=ui, host=address, auth=with_auth)
+        creds = server_client(home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth)
+    except BaseException:
+        me.unlink(missing_ok=True)
+        raise
+    try:
+        with exported(creds, home):
             yield info["api_url"]
     finally:
         me.unlink(missing_ok=True)
@@ -207,6 +228,23 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
             _flush_prefect()
             stop_server(info["pid"])
             (home / "server.json").unlink(missing_ok=True)
+            if info.get("auth"):  # its credential is worth nothing now; no stale secret left on disk
+                client_file(home).unlink(missing_ok=True)
+
+
+def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool = False,
+                   port: int | None = None) -> dict:
+    """Start a server for ``home`` (with a new credential in its 0600 client file when ``auth``) and
+    record it in ``home/server.json``; return that record."""
+    from .api_auth import ClientCredentials, client_file, new_auth_string, write_client_file
+
+    auth_string = new_auth_string() if auth else None
+    proc, url = start_server(home, port=port, ui=ui, host=host, auth_string=auth_string)
+    info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")], "host": host, "auth": auth}
+    if auth:
+        write_client_file(client_file(home), ClientCredentials(url, auth_string))
+    atomic_write_text(home / "server.json", json.dumps(info))
+    return info
 
 
 def _flush_prefect() -> None:
@@ -221,24 +259,6 @@ def _flush_prefect() -> None:
         from prefect.events.worker import EventsWorker
 
         EventsWorker.drain_all(timeout=10)
-
-
-@contextlib.contextmanager
-def _exported(api_url: str, home: Path) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
-    os.environ["PREFECT_API_URL"] = api_url
-    os.environ["PREFECT_HOME"] = str(home / "client_home")
-    try:
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings(updates={PREFECT_API_URL: api_url}):
-            yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 # -- the registry of the servers we started (read by servers.py) -------------------------------
@@ -256,9 +276,9 @@ def registry_dir() -> Path:
     return Path(chosen).expanduser()
 
 
-def _register(pid: int, api_url: str, home: Path, ui: bool) -> None:
+def _register(pid: int, api_url: str, home: Path, ui: bool, auth: bool = False) -> None:
     record = {"pid": pid, "api_url": api_url, "started": datetime.now().astimezone().isoformat(timespec="seconds"),
-              "state_dir": str(home), "ui": ui}
+              "state_dir": str(home), "ui": ui, "auth": auth}
     try:
         registry_dir().mkdir(parents=True, exist_ok=True)
         atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ._proc import pid_alive, stop_tree
+from .api_auth import CLIENT_FILE_NAME
 from .server import healthy, registry_dir, stop_server
 
 
@@ -132,6 +133,9 @@ def _forget(server: ServerRecord) -> None:
         with contextlib.suppress(OSError, ValueError):
             if json.loads((home / name).read_text()).get(key) == server.pid:
                 (home / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError, ValueError):  # the credential of a stopped server
+        if json.loads((home / CLIENT_FILE_NAME).read_text()).get("api_url") == server.api_url:
+            (home / CLIENT_FILE_NAME).unlink(missing_ok=True)
 
 
 def kept_server_message(server: ServerRecord) -> str:

@@ -158,6 +158,33 @@ def run_prefect_task(task, *, settings: Opaque, context: Opaque, **run_task_kwar
         return run_task_sync(task=task, **run_task_kwargs)
 
 
+DRAIN_TIMEOUT_S = 5.0  # per Prefect service, on each worker, once when the cluster closes
+
+
+def drain_prefect_services(timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+    """On a worker: send the task-run events and logs Prefect still queues in the background. A batch
+    job is cancelled as soon as the flow is done; without this the last task runs of a worker are
+    finished in Dask but never recorded by the server (seen on SLURM: the events of a shard that
+    ended 0.1 s before ``scancel`` were lost). Runs in its own thread (``Client.run`` calls it on the
+    worker's event loop, where Prefect's drains only schedule themselves)."""
+    import sys
+
+    if "prefect" not in sys.modules:
+        return
+
+    def drain() -> None:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        for service in (EventsWorker, APILogWorker):
+            with contextlib.suppress(Exception):
+                service.drain_all(timeout=timeout_s)
+
+    thread = threading.Thread(target=drain, name="e3p-drain-prefect", daemon=True)
+    thread.start()
+    thread.join(2 * timeout_s + 1)
+
+
 class ShardTaskRunner(DaskTaskRunner):
     """``DaskTaskRunner`` with cheap submission (see the module docstring); same options.
 
@@ -174,6 +201,12 @@ class ShardTaskRunner(DaskTaskRunner):
         super().__enter__()
         self._exit_stack.enter_context(dask.config.set({"distributed.scheduler.worker-saturation": 1.0}))
         return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._client is not None:  # before the cluster closes (and batch jobs are cancelled)
+            with contextlib.suppress(Exception):
+                self._client.run(drain_prefect_services, on_error="ignore")
+        super().__exit__(*exc_info)
 
     def submit(self, task, parameters, wait_for=None, dependencies=None):
         if not self._started:

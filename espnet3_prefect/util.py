@@ -64,3 +64,19 @@ def put_on_pythonpath(folder: str | os.PathLike, *, first: bool = True, here_too
     if here not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([here, *parts] if first else [*parts, here])
     return here
+
+
+# The Prefect API credential on workers (api_auth.py writes the file; backends pass on its path only).
+CLIENT_FILE_VAR = "ESPNET3_PREFECT_CLIENT_FILE"
+WORKER_PRELOAD = "espnet3_prefect.worker_api"  # the Dask worker preload that reads it (dask worker --preload)
+SECRET_VARS = ("PREFECT_API_AUTH_STRING", "PREFECT_API_KEY", "PREFECT_SERVER_API_AUTH_STRING")
+"""Variables holding a credential: never exported to batch jobs or written on a command line."""
+
+
+def without_secrets(environ: Any) -> dict[str, str]:
+    """``environ`` less the credentials (:data:`SECRET_VARS`): what a batch submission passes on.
+
+    >>> without_secrets({"PATH": "/bin", "PREFECT_API_AUTH_STRING": "u:p"})
+    {'PATH': '/bin'}
+    """
+    return {k: v for k, v in environ.items() if k not in SECRET_VARS}

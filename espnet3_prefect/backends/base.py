@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import ConfigError, MissingExtraError
+from ..util import CLIENT_FILE_VAR
 
 if TYPE_CHECKING:
     from ..parallel import ParallelSpec
@@ -23,8 +24,10 @@ if TYPE_CHECKING:
     from .walltime import Lifetime
 
 # Variables every worker needs; batch jobs and SSH workers get them explicitly, since not every
-# scheduler passes the submitter's environment on (SGE and PBS do not without -V).
-EXPORTED_ENV = ("PREFECT_API_URL", "PYTHONPATH")
+# scheduler passes the submitter's environment on (SGE and PBS do not without -V). With a Prefect
+# API that asks for auth, the path of the 0600 client file stands in for the URL (api_auth.py): the
+# worker preload reads URL and credential from it, so no credential is ever in a job script.
+EXPORTED_ENV = ("PREFECT_API_URL", "PYTHONPATH", CLIENT_FILE_VAR)
 LOOPBACK_DASHBOARD = "127.0.0.1:0"
 RUNNER_MANAGED = ("asynchronous", "loop", "start")
 PREVIEW_JOB_NAME = "e3p-preview"
@@ -53,9 +56,22 @@ class ClusterContext:
 
 
 def exported_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables of :data:`EXPORTED_ENV` that are set (in ``environ``, default os.environ)."""
+    """The variables of :data:`EXPORTED_ENV` that are set (in ``environ``, default os.environ); the
+    client file's path replaces the URL when there is one.
+
+    >>> exported_environment({"PREFECT_API_URL": "http://h:1/api", "ESPNET3_PREFECT_CLIENT_FILE": "/p/c.json"})
+    {'ESPNET3_PREFECT_CLIENT_FILE': '/p/c.json'}
+    """
     environ = os.environ if environ is None else environ
-    return {k: environ[k] for k in EXPORTED_ENV if environ.get(k)}
+    exported = {k: environ[k] for k in EXPORTED_ENV if environ.get(k)}
+    if CLIENT_FILE_VAR in exported:
+        exported.pop("PREFECT_API_URL", None)
+    return exported
+
+
+def needs_preload(exported: Mapping[str, str]) -> bool:
+    """Whether workers must run the client-file preload (:data:`~espnet3_prefect.util.WORKER_PRELOAD`)."""
+    return CLIENT_FILE_VAR in exported
 
 
 def option_error(key: str, message: str) -> ConfigError:

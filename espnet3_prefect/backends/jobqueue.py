@@ -14,11 +14,14 @@ format and, where we can ask it, its queue commands. Shared here:
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any, Mapping
 
 from ..errors import one_line
-from .base import LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment, keyword_names, option_error
+from ..util import SECRET_VARS, WORKER_PRELOAD, without_secrets
+from .base import (LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment, keyword_names, needs_preload,
+                   option_error)
 from .walltime import Lifetime, WalltimeFormat, worker_lifetime
 
 LIST_OPTIONS = ("job_extra_directives", "job_script_prologue", "worker_extra_args",
@@ -121,7 +124,10 @@ class JobqueueBackend(Backend):
         lifetime = self.lifetime(spec)
         if lifetime is not None and not _has_flag(worker_args, "--lifetime"):
             worker_args += lifetime.worker_args()
-        exports = [f"export {k}={shlex.quote(v)}" for k, v in exported_environment(context.environ).items()]
+        exported = exported_environment(context.environ)
+        if needs_preload(exported) and WORKER_PRELOAD not in worker_args:
+            worker_args += ["--preload", WORKER_PRELOAD]
+        exports = [f"export {k}={shlex.quote(v)}" for k, v in exported.items()]
         prologue = exports + [str(line) for line in options.pop("job_script_prologue", None) or []]
         options.pop("job_name", None)  # used as the prefix of job_name
         self.adjust_options(options, options.get("log_directory") or kwargs.get("log_directory"), context.job_name)
@@ -131,7 +137,8 @@ class JobqueueBackend(Backend):
         if prologue:
             kwargs["job_script_prologue"] = prologue
         base = self.load_cluster_class().job_cls
-        job_cls = self.submit_job_class(base)
+        environ = os.environ if context.environ is None else context.environ
+        job_cls = self.submit_job_class(secret_free_job_class(base) if any(environ.get(k) for k in SECRET_VARS) else base)
         if context.submit_errors is not None:
             job_cls = recording_job_class(job_cls, context.submit_errors)
         if job_cls is not base:
@@ -161,6 +168,21 @@ class JobqueueBackend(Backend):
 
 def _has_flag(args: list, *flags: str) -> bool:
     return any(str(a).split("=", 1)[0] in flags for a in args)
+
+
+def secret_free_job_class(base: type) -> type:
+    """A subclass of dask-jobqueue's Job class ``base`` whose queue commands (sbatch, qsub, scancel...)
+    run without the Prefect credentials in their environment: SLURM copies the submitter's environment
+    into the job, where accounting (``sacct --env-vars``) may show it. Workers read the client file."""
+
+    class SecretFreeJob(base):
+        @staticmethod
+        async def _call(cmd, *, shell=False, **kwargs):
+            kwargs["env"] = without_secrets(kwargs.get("env") or os.environ)
+            return await base._call(cmd, shell=shell, **kwargs)
+
+    SecretFreeJob.__name__ = SecretFreeJob.__qualname__ = base.__name__
+    return SecretFreeJob
 
 
 def recording_job_class(base: type, errors: list) -> type:

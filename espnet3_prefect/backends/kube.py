@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .base import Backend, ClusterContext, exported_environment, option_error
+from ..errors import ConfigError
+from .base import Backend, ClusterContext, exported_environment, needs_preload, option_error
 
 REQUIRED = ("image",)
 
@@ -29,7 +30,11 @@ class KubeBackend(Backend):
     def cluster_kwargs(self, spec, context: ClusterContext) -> dict[str, Any]:
         """Named after the run, the Prefect API URL (and PYTHONPATH) in the pods' env."""
         options = dict(spec.options)
-        env = {**exported_environment(context.environ),
+        exported = exported_environment(context.environ)
+        if needs_preload(exported):
+            raise ConfigError("parallel.env 'kube': a Prefect API that asks for auth is not supported for pods yet "
+                              "(they cannot read the credential file on this machine's disk)")
+        env = {**exported,
                **{str(k): str(v) for k, v in (options.pop("env", None) or {}).items()}}
         return {"name": context.job_name, **options, "env": env, "n_workers": spec.n_workers}
 

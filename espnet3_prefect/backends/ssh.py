@@ -8,7 +8,8 @@ import sys
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from .base import LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment
+from ..util import WORKER_PRELOAD
+from .base import LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment, needs_preload
 
 
 def _is_loopback(host: str) -> bool:
@@ -39,7 +40,8 @@ class SshBackend(Backend):
         loopback address, workers listen on 127.0.0.1 too. Host keys are checked as asyncssh does
         by default (``~/.ssh/known_hosts``) unless ``connect_options.known_hosts`` says otherwise.
         PREFECT_API_URL and PYTHONPATH are set on the remote command line (an ssh session does not
-        inherit them).
+        inherit them); with an authenticated API, the client file's path instead of the URL, and the
+        workers preload :mod:`espnet3_prefect.worker_api`, which reads it.
         """
         options = dict(spec.options)
         hosts = options.get("hosts")
@@ -55,16 +57,22 @@ class SshBackend(Backend):
         for key in ("connect_options", "scheduler_options", "worker_options"):
             if options.get(key) is not None and not isinstance(options[key], Mapping):
                 raise ConfigError(f"parallel.options.{key}: must be a mapping, got {type(options[key]).__name__}")
-        env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in exported_environment(context.environ).items())
+        exported = exported_environment(context.environ)
+        env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in exported.items())
         python = options.get("remote_python") or sys.executable
         pythons = python if isinstance(python, list) else [python]
         prefixed = [f"{env_prefix} {p}".strip() for p in pythons]
+        worker_options = {**worker_defaults, **(options.get("worker_options") or {})}
+        if needs_preload(exported):
+            preload = worker_options.get("preload") or []
+            preload = [preload] if isinstance(preload, str) else list(preload)
+            worker_options["preload"] = preload if WORKER_PRELOAD in preload else [*preload, WORKER_PRELOAD]
         return {
             **options,
             "hosts": expanded,
             "connect_options": dict(options.get("connect_options") or {}),
             "scheduler_options": {**scheduler_defaults, **(options.get("scheduler_options") or {})},
-            "worker_options": {**worker_defaults, **(options.get("worker_options") or {})},
+            "worker_options": worker_options,
             "remote_python": prefixed if isinstance(python, list) else prefixed[0],
         }
 

@@ -42,11 +42,34 @@ def configs_of(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 def add_server_options(parser: argparse.ArgumentParser, state_dir_help: str = STATE_DIR_HELP,
                        keep: bool = True) -> None:
-    """``--state-dir`` (where the embedded server keeps its state) and ``--keep-server``."""
+    """``--state-dir`` (where the embedded server keeps its state), ``--keep-server`` and where the
+    embedded server listens (``--server-host``, ``--[no-]server-auth``)."""
     parser.add_argument("--state-dir", default=None, help=state_dir_help)
     if keep:
         parser.add_argument("--keep-server", action="store_true",
                             help="leave the embedded Prefect server running (to browse the UI afterwards)")
+        parser.add_argument("--server-host", default=None, metavar="ADDRESS",
+                            help="where the embedded Prefect server listens: an address, interface or host name "
+                                 "compute nodes reach (default $ESPNET3_PREFECT_SERVER_HOST, else 127.0.0.1); "
+                                 "anything but loopback turns on basic auth (README: Security)")
+        add_auth_switch(parser, "--server-auth")
+
+
+def add_auth_switch(parser: argparse.ArgumentParser, flag: str) -> None:
+    """``--auth``/``--no-auth`` style switch: None (auth off loopback only), True, False (refused off loopback)."""
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                        help="basic auth for the Prefect API: on by default off loopback, where it cannot be "
+                             "turned off; turn it on for 127.0.0.1 too (other users of this machine)")
+
+
+def describe_api(api_url: str) -> str:
+    """``Prefect API: URL`` and, with auth, where the credential is (never the credential)."""
+    import os
+
+    from ..util import CLIENT_FILE_VAR
+
+    path = os.environ.get(CLIENT_FILE_VAR)
+    return f"Prefect API: {api_url}" + (f" (basic auth; credential in {path}, mode 0600)" if path else "")
 
 
 def add_verbose(parser: argparse.ArgumentParser) -> None:
@@ -91,8 +114,9 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
 
     api_url = None
     try:
-        with prefect_api(args.state_dir, keep=args.keep_server) as api_url:
-            print(f"Prefect API: {api_url}", file=sys.stderr)
+        with prefect_api(args.state_dir, keep=args.keep_server, host=args.server_host,
+                         auth=args.server_auth) as api_url:
+            print(describe_api(api_url), file=sys.stderr)
             result = run()  # flows are imported by ``run``, once the API is set
     finally:
         if args.keep_server and api_url:  # also after a failed run: its page is what the user wants

@@ -1,7 +1,8 @@
 """``deploy-local``: a local Prefect server, a process work pool, ``prefect deploy --all`` and a process
-worker, in one step (127.0.0.1); ``deploy-local --stop`` ends them (and the worker's flow runs).
+worker, in one step (127.0.0.1, or ``--host`` with basic auth); ``deploy-local --stop`` ends them (and
+the worker's flow runs).
 
-    espnet3-prefect deploy-local [--port 4200]
+    espnet3-prefect deploy-local [--port 4200] [--host ADDRESS]
     espnet3-prefect deploy-local --stop
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from .._proc import pid_alive, stop_tree
 from ..errors import Espnet3PrefectError
 from ..util import read_json
-from .common import SwitchCommand, add_server_options
+from .common import SwitchCommand, add_auth_switch, add_server_options
 
 DEFAULT_POOL = "espnet3-local"
 DEFAULT_UI_PORT = 4200
@@ -32,7 +33,11 @@ def register(sub) -> None:
     deploy.add_argument("--stop", action=SwitchCommand, handler=stop_local,
                         help="stop the worker and server deploy-local started")
     deploy.add_argument("--port", type=int, default=None,
-                        help=f"server port on 127.0.0.1 (default {DEFAULT_UI_PORT} when free, else a free one)")
+                        help=f"server port (default {DEFAULT_UI_PORT} when free, else a free one)")
+    deploy.add_argument("--host", default=None, metavar="ADDRESS",
+                        help="where the server listens: an address, interface or host name compute nodes reach "
+                             "(default 127.0.0.1); anything but loopback turns on basic auth (README: Security)")
+    add_auth_switch(deploy, "--auth")
     deploy.add_argument("--pool", default=DEFAULT_POOL, help="process work pool name (default %(default)s)")
     deploy.add_argument("--project-dir", default=None,
                         help="checkout holding prefect.yaml (default: this folder if it has one, else the "
@@ -54,33 +59,38 @@ def _project(project_dir: str | None) -> Path:
     return root
 
 
-def _client_env(api_url: str, home: Path, project: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_API_URL=api_url, PREFECT_HOME=str(home / "client_home"), ESPNET3_PREFECT_ROOT=str(project),
+def _client_env(creds, home: Path, project: Path) -> dict:
+    """The environment of the prefect commands and the process worker (the credential in the
+    environment, never on a command line)."""
+    from ..api_auth import exported_client_env
+    from ..util import CLIENT_FILE_VAR
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != CLIENT_FILE_VAR}
+    env.update(exported_client_env(creds, home), ESPNET3_PREFECT_ROOT=str(project),
                PREFECT_SERVER_ANALYTICS_ENABLED="false")
     return env
 
 
-def _choose_port(port: int | None) -> int:
+def _choose_port(port: int | None, host: str = "127.0.0.1") -> int:
     from ..server import free_port
 
     if port:
         return port
     import socket
 
-    with socket.socket() as sock:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         try:
-            sock.bind(("127.0.0.1", DEFAULT_UI_PORT))
+            sock.bind((host, DEFAULT_UI_PORT))
             return DEFAULT_UI_PORT
         except OSError:
-            return free_port()
+            return free_port(host)
 
 
-def _wait_for_worker(api_url: str, pool: str, proc: subprocess.Popen, log: Path) -> float:
+def _wait_for_worker(creds, pool: str, proc: subprocess.Popen, log: Path) -> float:
     from prefect.client.orchestration import SyncPrefectClient
 
     started = time.monotonic()
-    with SyncPrefectClient(api_url) as client:
+    with SyncPrefectClient(creds.api_url, auth_string=creds.auth_string) as client:
         while time.monotonic() - started < WORKER_START_TIMEOUT_S:
             if proc.poll() is not None:
                 tail = " ".join(log.read_text(errors="replace").split()[-80:])
@@ -94,13 +104,18 @@ def _wait_for_worker(api_url: str, pool: str, proc: subprocess.Popen, log: Path)
 def deploy_local(args: argparse.Namespace) -> int:
     """Server (reused when running) + work pool + ``prefect deploy --all`` + a process worker."""
     from .._proc import run_command
+    from ..api_auth import server_client
+    from ..api_host import auth_required, resolve_host
     from ..atomic import atomic_write_text
-    from ..server import prefect_executable, running_server, start_server, state_dir
+    from ..server import prefect_executable, running_server, start_recorded, state_dir
 
     home = state_dir(args.state_dir)
     project = _project(args.project_dir)
+    address = resolve_host(args.host) if args.host else "127.0.0.1"
+    with_auth = auth_required(address, args.auth)
     current = read_json(home / STATE_FILE)
     if current and pid_alive(current.get("worker_pid", -1)) and running_server(home):
+        server_client(home, running_server(home), wanted_host=address if args.host else None, wanted_auth=with_auth)
         _print_ready(current, "already running")
         return 0
     if os.environ.get("PREFECT_API_URL"):
@@ -109,15 +124,14 @@ def deploy_local(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     info = running_server(home)
     if info is None:
-        proc, api_url = start_server(home, port=_choose_port(args.port), ui=True)
-        info = {"pid": proc.pid, "api_url": api_url, "ui_url": api_url[: -len("/api")]}
-        atomic_write_text(home / "server.json", json.dumps(info))
+        info = start_recorded(home, ui=True, host=address, auth=with_auth, port=_choose_port(args.port, address))
+    creds = server_client(home, info, wanted_host=address if args.host else None, wanted_auth=with_auth)
     timings["server_s"] = time.monotonic() - t0
     # While deploy-local's server runs it counts as a user, so `espnet3-prefect infer` reuses it
     # and leaves it running.
     (home / "users").mkdir(exist_ok=True)
     (home / "users" / str(info["pid"])).touch()
-    env = _client_env(info["api_url"], home, project)
+    env = _client_env(creds, home, project)
     prefect = prefect_executable()
     t1 = time.monotonic()
     run_command([prefect, "work-pool", "create", args.pool, "--type", "process", "--overwrite"], env=env,
@@ -131,10 +145,11 @@ def deploy_local(args: argparse.Namespace) -> int:
                                   env=env, cwd=str(project), stdout=handle, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, start_new_session=True)
     state = {"server_pid": info["pid"], "worker_pid": worker.pid, "api_url": info["api_url"], "ui_url": info["ui_url"],
-             "pool": args.pool, "project_dir": str(project), "state_dir": str(home), "worker_log": str(log)}
+             "pool": args.pool, "project_dir": str(project), "state_dir": str(home), "worker_log": str(log),
+             "client_file": creds.source}
     atomic_write_text(home / STATE_FILE, json.dumps(state, indent=2))
     try:
-        timings["worker_s"] = _wait_for_worker(info["api_url"], args.pool, worker, log)
+        timings["worker_s"] = _wait_for_worker(creds, args.pool, worker, log)
     except Espnet3PrefectError:
         stop_tree(worker.pid)
         raise
@@ -152,6 +167,10 @@ def _print_ready(state: dict, headline: str) -> None:
     print(f"espnet3-prefect local deployments {headline}")
     print(f"  UI:      {state['ui_url']}")
     print(f"  API:     export PREFECT_API_URL={state['api_url']}")
+    if state.get("client_file"):  # where the credential is, never the credential
+        print(f"  auth:    basic auth; credential in {state['client_file']} (mode 0600); in a shell:")
+        print(f"           export PREFECT_API_AUTH_STRING=\"$(python -c 'import json,sys; print(json.load("
+              f"open(sys.argv[1]))[\"auth_string\"])' {state['client_file']})\"")
     print(f"  worker:  pid {state['worker_pid']} on process pool {state['pool']!r} (log {state['worker_log']})")
     print(f"  project: {state['project_dir']}")
     print("  try:     prefect deployment run infer/local --watch")
@@ -162,6 +181,7 @@ def _print_ready(state: dict, headline: str) -> None:
 
 def stop_local(args: argparse.Namespace) -> int:
     """Stop the worker (and its flow runs) and the server recorded by ``deploy-local``."""
+    from ..api_auth import CLIENT_FILE_NAME
     from ..server import state_dir
 
     home = state_dir(args.state_dir)
@@ -181,6 +201,9 @@ def stop_local(args: argparse.Namespace) -> int:
     server = read_json(home / "server.json")
     if isinstance(server, dict) and server.get("pid") == state["server_pid"]:
         (home / "server.json").unlink(missing_ok=True)
+    client = read_json(home / CLIENT_FILE_NAME)
+    if isinstance(client, dict) and client.get("api_url") == state["api_url"]:  # a stopped server's credential
+        (home / CLIENT_FILE_NAME).unlink(missing_ok=True)
     (home / STATE_FILE).unlink(missing_ok=True)
     print("stopped " + (", ".join(stopped) if stopped else "nothing (already gone)"))
     return 0

@@ -27,20 +27,24 @@ def _deployment_name(name: str) -> str:
     return name if "/" in name else f"infer/{name}"
 
 
-def find_api(state: str | None) -> str:
-    """``$PREFECT_API_URL``, else the server ``deploy-local`` (or ``--keep-server``) left running."""
+def find_api(state: str | None) -> tuple[str, str | None]:
+    """``$PREFECT_API_URL`` (with ``$PREFECT_API_AUTH_STRING``), else the server ``deploy-local`` (or
+    ``--keep-server``) left running (with the credential of its client file when it asks for auth)."""
+    from ..api_auth import server_client
     from ..server import healthy, running_server, state_dir
 
     url = os.environ.get("PREFECT_API_URL")
     if url:
         if not healthy(url):
             raise Espnet3PrefectError(f"PREFECT_API_URL={url} does not answer")
-        return url
-    info = running_server(state_dir(state))
+        return url, os.environ.get("PREFECT_API_AUTH_STRING") or None
+    home = state_dir(state)
+    info = running_server(home)
     if info is None:
         raise Espnet3PrefectError("no Prefect server to submit to: run `espnet3-prefect deploy-local` "
                                   "(or set PREFECT_API_URL to a server with the deployments)")
-    return info["api_url"]
+    creds = server_client(home, info, wanted_host=None, wanted_auth=False)
+    return creds.api_url, creds.auth_string
 
 
 def run_detach(args: argparse.Namespace) -> int:
@@ -49,11 +53,11 @@ def run_detach(args: argparse.Namespace) -> int:
 
     configs, overrides = configs_of(args)
     prepare_stages(load_config(configs, overrides))  # fail here, not in the worker
-    api_url = find_api(args.state_dir)
+    api_url, auth_string = find_api(args.state_dir)
     name = _deployment_name(args.deployment)
     parameters = {"config": [str(Path(c).resolve()) for c in configs], "overrides": overrides,
                   "workdir": os.getcwd()}
-    flow_run, online = submit(api_url, name, parameters)
+    flow_run, online = submit(api_url, name, parameters, auth_string)
     ui = api_url[: -len("/api")] if api_url.endswith("/api") else api_url
     print(f"flow run id: {flow_run.id}")
     print(f"flow run:    {flow_run.name} of deployment {name}")
@@ -65,12 +69,12 @@ def run_detach(args: argparse.Namespace) -> int:
     return 0
 
 
-def submit(api_url: str, name: str, parameters: dict):
+def submit(api_url: str, name: str, parameters: dict, auth_string: str | None = None):
     """Create a flow run of deployment ``name``; return it and whether its pool has a worker online."""
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.exceptions import ObjectNotFound
 
-    with SyncPrefectClient(api_url) as client:
+    with SyncPrefectClient(api_url, auth_string=auth_string) as client:
         try:
             deployment = client.read_deployment_by_name(name)
         except ObjectNotFound:

@@ -1,0 +1,87 @@
+"""Where the embedded Prefect server listens (``--server-host``, ``deploy-local --host``): an address, a
+network interface or a host name, and whether it must ask for auth there (off loopback: always).
+The credential itself is :mod:`espnet3_prefect.api_auth`'s.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+from .errors import ConfigError
+
+HOST_VAR = "ESPNET3_PREFECT_SERVER_HOST"
+"""Default of ``--server-host``: where the embedded server of a run listens."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) only listens on this machine.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("::1"), is_loopback("10.1.2.3")
+    (True, True, True, False)
+    """
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_host(host: str) -> str:
+    """The address the server binds for ``host``: an address, a network interface name (its IPv4
+    address) or a host name (resolved); one line naming ``host`` when it is none of these."""
+    host = host.strip()
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if host in dict(socket.if_nameindex()).values():
+        address = _interface_address(host)
+        if address is None:
+            raise ConfigError(f"--server-host {host}: the network interface has no IPv4 address")
+        return address
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        raise ConfigError(f"--server-host {host}: not an address, a network interface or a host name "
+                          f"this machine can resolve") from None
+
+
+def _interface_address(name: str) -> str | None:
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:  # SIOCGIFADDR
+            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def url_host(address: str) -> str:
+    """The host part clients use in the URL: the machine's name for a wildcard bind, IPv6 bracketed.
+
+    >>> url_host("10.0.0.5"), url_host("::1")
+    ('10.0.0.5', '[::1]')
+    """
+    if address in ("0.0.0.0", "::"):
+        return socket.getfqdn()
+    return f"[{address}]" if ":" in address else address
+
+
+def auth_required(address: str, auth: bool | None) -> bool:
+    """Whether the server on ``address`` runs with auth: ``auth`` when given, else on off loopback.
+    Serving beyond loopback without auth is refused.
+
+    >>> auth_required("127.0.0.1", None), auth_required("10.0.0.5", None), auth_required("127.0.0.1", True)
+    (False, True, True)
+    """
+    if auth is None:
+        return not is_loopback(address)
+    if not auth and not is_loopback(address):
+        raise ConfigError(f"refusing to serve the Prefect API on {address} without auth: anyone who can reach "
+                          f"that address could read and change your runs, deployments and parameters "
+                          f"(drop the --no-auth/--no-server-auth switch, or serve on 127.0.0.1)")
+    return auth

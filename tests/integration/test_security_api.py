@@ -1,0 +1,451 @@
+"""The Prefect API served beyond loopback, with basic auth (README: Security), for real.
+
+* The command line serves its embedded server on a non-loopback address: auth turns on, the API refuses
+  calls without the credential (401), the run's workers record their task runs with it, and the credential
+  is in none of: the CLI output, the server log, the flow-run parameters or logs, any process command line.
+* SLURM and Grid Engine workers (tests/infra) get the credential from the 0600 client file: their task
+  runs are recorded, and the credential is in neither ``cluster-script``, the job script the scheduler
+  holds, ``scontrol show job``/``qstat -j``, the job logs nor any command line during the run; a client
+  file the compute node cannot read fails the run with one line naming it.
+* A Dask worker in its own network namespace (its own address, over a veth pair) reaches the server and
+  the scheduler on the host side and records the shards it ran (skipped where ``ip netns add`` is refused).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from espnet3_prefect.api_auth import client_file, read_client_file
+from espnet3_prefect.api_host import resolve_host
+from tests.conftest import ROOT, toy_config, write_yaml
+from tests.helpers.procs import CLI, cli_env
+from tests.integration.test_real_backends import batch_parallel, queue_jobs, sge, slurm, sshd  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.slow
+
+
+def non_loopback_address() -> str:
+    """An IPv4 address of this machine other than loopback (the compute nodes' way in); skip without one."""
+    import socket
+
+    for _index, name in socket.if_nameindex():
+        if name == "lo":
+            continue
+        try:
+            address = resolve_host(name)
+        except Exception:
+            continue
+        if not address.startswith("127."):
+            return address
+    pytest.skip("this machine has no non-loopback IPv4 address")
+
+
+class Watch(threading.Thread):
+    """Every command line on this machine, and what ``probe()`` returns, sampled until stopped."""
+
+    def __init__(self, probe=None, every_s: float = 0.3):
+        super().__init__(daemon=True)
+        self.cmdlines: set[str] = set()
+        self.probed: list[str] = []
+        self.probe, self.every_s, self._halt = probe, every_s, threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            for entry in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    self.cmdlines.add(entry.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                except OSError:
+                    pass
+            if self.probe is not None:
+                try:
+                    self.probed.extend(self.probe())
+                except Exception as exc:  # a job that left between listing and asking
+                    self.probed.append(f"probe failed: {exc}")
+            self._halt.wait(self.every_s)
+
+    def stop(self) -> "Watch":
+        self._halt.set()
+        self.join(30)
+        return self
+
+
+def status_of(api_url: str, auth_string: str | None) -> int:
+    """The HTTP status of a POST /flow_runs/filter, with basic auth when ``auth_string``."""
+    request = urllib.request.Request(f"{api_url}/flow_runs/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    if auth_string:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth_string.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def recorded(creds) -> dict:
+    """What the authed API holds: task runs (name -> state), and the flow runs' parameters and logs as text."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with SyncPrefectClient(creds.api_url, auth_string=creds.auth_string) as client:
+        flow_runs = client.read_flow_runs()
+        tasks = {t.name: t.state_type.value for t in client.read_task_runs()}
+        ids = [f.id for f in flow_runs]
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids))) if ids else []
+    return {"tasks": tasks, "parameters": json.dumps([f.parameters for f in flow_runs], default=str),
+            "logs": "\n".join(log.message for log in logs)}
+
+
+def texts_under(*folders: Path) -> dict[str, str]:
+    """Every readable file under ``folders`` except the client files and the server database."""
+    found = {}
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_file() and not path.name.startswith(("api-client", ".api-client")) and "prefect_home" not in path.parts:
+                found[str(path)] = path.read_text(errors="replace")
+    return found
+
+
+def assert_nowhere(secret: str, **places) -> None:
+    for name, text in places.items():
+        blob = "\n".join(text) if isinstance(text, (set, list, tuple)) else (
+            "\n".join(f"{k}\n{v}" for k, v in text.items()) if isinstance(text, dict) else str(text))
+        assert blob, f"nothing collected for {name}"
+        assert secret not in blob, f"the credential appears in {name}"
+
+
+def test_cli_serves_beyond_loopback_with_auth(tmp_path):
+    address = non_loopback_address()
+    cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, num_shards=2))
+    home = tmp_path / "home"
+    refused = subprocess.run([*CLI, "infer", "--config", str(cfg), "--server-host", address, "--no-server-auth"],
+                             env=cli_env(home), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        f"error: refusing to serve the Prefect API on {address} without auth"), refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (home / "server.json").exists()
+
+    watch = Watch()
+    watch.start()
+    try:
+        proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "--server-host", address, "--keep-server"],
+                              env=cli_env(home), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+        watch.stop()
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        info = json.loads((home / "server.json").read_text())
+        creds = read_client_file(client_file(home))
+        assert oct((home / "api-client.json").stat().st_mode & 0o777) == "0o600"
+        assert info["auth"] is True and creds.api_url == info["api_url"] and creds.api_url.startswith(f"http://{address}:")
+        assert (f"Prefect API: {creds.api_url} (basic auth; credential in {home / 'api-client.json'}, mode 0600)"
+                in proc.stderr)
+        assert status_of(creds.api_url, None) == 401
+        assert status_of(creds.api_url, "espnet3:wrong") == 401
+        assert status_of(creds.api_url, creds.auth_string) == 200
+        seen = recorded(creds)
+        assert seen["tasks"].get("run-shard-test_a-0") == "COMPLETED" and seen["tasks"].get("run-shard-test_a-1") == "COMPLETED"
+        assert_nowhere(creds.auth_string, cli_output=proc.stdout + proc.stderr, flow_run_parameters=seen["parameters"],
+                       flow_run_logs=seen["logs"], command_lines=watch.cmdlines, our_files=texts_under(home, tmp_path / "inference"))
+        secret_part = creds.auth_string.split(":", 1)[1]
+        assert not any(secret_part in line for line in watch.cmdlines)
+        stop = subprocess.run([*CLI, "servers", "--stop", str(info["pid"])], env=cli_env(home), capture_output=True,
+                              text=True, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert not client_file(home).exists()  # no stale credential left behind
+    finally:
+        from espnet3_prefect.server import stop_server
+        from espnet3_prefect.util import read_json
+
+        kept = read_json(home / "server.json")
+        if kept:
+            stop_server(kept["pid"])
+
+
+# -- batch schedulers: one authed server for the module, the CLI reuses it --------------------------
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A server on this machine's non-loopback address with auth, as ``--server-host`` starts it."""
+    from espnet3_prefect.server import start_recorded, stop_server
+
+    address = non_loopback_address()
+    home = tmp_path_factory.mktemp("authed-home")
+    info = start_recorded(home, ui=False, host=address, auth=True)
+    (home / "users").mkdir(exist_ok=True)
+    (home / "users" / str(info["pid"])).touch()  # a user: the CLI runs leave it running
+    try:
+        yield {"home": home, "address": address, "info": info, "creds": read_client_file(client_file(home))}
+    finally:
+        stop_server(info["pid"])
+
+
+def job_probe(env: str, tag_prefix: str = "e3p-"):
+    """What the scheduler tells anyone about our running jobs: ``scontrol show job -dd`` and the held
+    batch script (SLURM), ``qstat -j`` (Grid Engine)."""
+    asked: set[str] = set()
+
+    def probe() -> list[str]:
+        out = []
+        for job_id, name in queue_jobs(env):
+            if not name.startswith(tag_prefix) or job_id in asked:
+                continue
+            asked.add(job_id)
+            commands = ([["scontrol", "show", "job", "-dd", job_id], ["scontrol", "write", "batch_script", job_id, "-"]]
+                        if env == "slurm" else [["qstat", "-j", job_id]])
+            for command in commands:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+                out.append(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}")
+        return out
+
+    return probe
+
+
+@pytest.fixture(params=[pytest.param("slurm", marks=pytest.mark.slurm), pytest.param("sge", marks=pytest.mark.sge)])
+def scheduler(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_batch_workers_record_task_runs_through_the_client_file(scheduler, served, tmp_path):
+    env, home, creds = scheduler["env"], served["home"], served["creds"]
+    cfg = toy_config(tmp_path, n=8, num_shards=2)
+    cfg["runner"]["_target_"] = "tests.helpers.toy.JobRecordingRunner"
+    cfg["provider"]["params"].update(job_log=str(tmp_path / "jobs.log"))
+    cfg["parallel"] = batch_parallel(scheduler, n_workers=2, num_shards=2)
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    run_env = cli_env(home)
+    script = subprocess.run([*CLI, "cluster-script", "--config", str(path)], capture_output=True, text=True, timeout=120,
+                            env={**run_env, "PREFECT_API_URL": creds.api_url, "PREFECT_API_AUTH_STRING": creds.auth_string,
+                                 "ESPNET3_PREFECT_CLIENT_FILE": creds.source}, cwd=tmp_path)
+    assert script.returncode == 0, script.stderr
+    assert f"export ESPNET3_PREFECT_CLIENT_FILE={creds.source}" in script.stdout
+    assert "--preload espnet3_prefect.worker_api" in script.stdout
+
+    watch = Watch(job_probe(env))
+    watch.start()
+    proc = subprocess.run([*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
+                          env=run_env, capture_output=True, text=True, timeout=500, cwd=tmp_path)
+    watch.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "basic auth; credential in" in proc.stderr
+    jobs = {line.split()[0] for line in (tmp_path / "jobs.log").read_text().splitlines()}
+    assert jobs and all(j.isdigit() for j in jobs), jobs  # the items were computed inside batch jobs
+    assert any(f"$ {'scontrol show job' if env == 'slurm' else 'qstat -j'}" in text and
+               any(j in text for j in jobs) for text in watch.probed), watch.probed
+    seen = recorded(creds)
+    shards = {name: state for name, state in seen["tasks"].items() if name.startswith("run-shard-test_a")}
+    assert len(shards) >= 2 and set(shards.values()) == {"COMPLETED"}, seen["tasks"]
+    assert status_of(creds.api_url, None) == 401
+    assert_nowhere(creds.auth_string, cluster_script=script.stdout + script.stderr, cli_output=proc.stdout + proc.stderr,
+                   scheduler_views=watch.probed, command_lines=watch.cmdlines, flow_run_parameters=seen["parameters"],
+                   flow_run_logs=seen["logs"], job_logs_and_outputs=texts_under(tmp_path / "inference"),
+                   server_log=(home / "server.log").read_text())
+
+
+@pytest.mark.slurm
+def test_a_client_file_the_node_cannot_read_fails_the_run_on_one_line(slurm, served, tmp_path):
+    cfg = toy_config(tmp_path, n=4, num_shards=1)
+    missing = tmp_path / "not-on-this-node" / "api-client.json"
+    # As if the state dir were not on a filesystem the compute node mounts: the job looks elsewhere.
+    cfg["parallel"] = batch_parallel(slurm, n_workers=1, num_shards=1,
+                                     job_script_prologue=[f"export ESPNET3_PREFECT_CLIENT_FILE={missing}"])
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    started = time.monotonic()
+    proc = subprocess.run([*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
+                          env=cli_env(served["home"]), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1
+    line = (f"espnet3-prefect worker: Prefect client file {missing}: missing (is the state dir on a filesystem "
+            f"this node sees?)")
+    assert line in proc.stderr, proc.stderr[-3000:]
+    assert "ended before a Dask worker connected" in proc.stderr
+    assert time.monotonic() - started < 240
+
+
+@pytest.mark.ssh
+def test_ssh_workers_record_task_runs_through_the_client_file(sshd, served, tmp_path):
+    creds = served["creds"]
+    cfg = toy_config(tmp_path, n=6, num_shards=2)
+    cfg["runner"]["_target_"] = "tests.helpers.toy.JobRecordingRunner"
+    cfg["provider"]["params"].update(job_log=str(tmp_path / "pids.log"))
+    connect = {"port": sshd["port"], "username": sshd["user"], "client_keys": [sshd["key"]],
+               "known_hosts": sshd["known_hosts"]}
+    cfg["parallel"] = {"env": "ssh", "n_workers": 1, "num_shards": 2,
+                       "options": {"hosts": [sshd["host"], sshd["host"]], "connect_options": connect}}
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    watch = Watch()
+    watch.start()
+    proc = subprocess.run([*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
+                          env=cli_env(served["home"]), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    watch.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pids = {line.split()[1] for line in (tmp_path / "pids.log").read_text().splitlines()}
+    assert pids and str(os.getpid()) not in pids
+    remote = [line for line in watch.cmdlines
+              if "distributed.cli.dask_spec" in line and f"ESPNET3_PREFECT_CLIENT_FILE={creds.source}" in line]
+    assert remote, "no ssh worker command line with the client file's path was seen"
+    seen = recorded(creds)
+    assert sum(1 for n, st in seen["tasks"].items() if n.startswith("run-shard-test_a") and st == "COMPLETED") >= 2
+    assert_nowhere(creds.auth_string, cli_output=proc.stdout + proc.stderr, command_lines=watch.cmdlines,
+                   flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"])
+
+
+# -- a worker in its own network namespace --------------------------------------------------------
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
+
+
+@pytest.fixture
+def netns():
+    """A network namespace joined to this one by a veth pair: host side 10.213.X.1/24, namespace side .2."""
+    if shutil.which("ip") is None:
+        pytest.skip("no `ip` command (Debian package iproute2)")
+    x = random.randint(1, 254)
+    name, host_if, ns_if = f"e3p-sec-{x}-{os.getpid()}", f"e3ph{x}", f"e3pn{x}"
+    created = _ip("netns", "add", name, check=False)
+    if created.returncode != 0:
+        pytest.skip(f"`ip netns add` is not permitted here: {created.stderr.strip()}")
+    try:
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _ip("link", "set", ns_if, "netns", name)
+        _ip("addr", "add", f"10.213.{x}.1/24", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        _ip("netns", "exec", name, "ip", "addr", "add", f"10.213.{x}.2/24", "dev", ns_if)
+        _ip("netns", "exec", name, "ip", "link", "set", ns_if, "up")
+        _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
+        yield {"name": name, "host": f"10.213.{x}.1", "worker": f"10.213.{x}.2"}
+    finally:
+        _ip("link", "delete", host_if, check=False)
+        _ip("netns", "delete", name, check=False)
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_path):
+    from distributed import Client
+
+    from espnet3_prefect._proc import stop_group
+    from espnet3_prefect.server import start_recorded, stop_server
+
+    home = tmp_path / "home"
+    home.mkdir()
+    info = start_recorded(home, ui=False, host=netns["host"], auth=True)
+    (home / "users").mkdir(exist_ok=True)
+    (home / "users" / str(info["pid"])).touch()
+    creds = read_client_file(client_file(home))
+    port = random.randint(20000, 40000)
+    scheduler_address = f"tcp://{netns['host']}:{port}"
+    plain = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "ESPNET3_PREFECT"))}
+    procs = []
+    try:
+        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", netns["host"],
+                                       "--port", str(port), "--dashboard-address", "127.0.0.1:0"], env=plain,
+                                      stdout=subprocess.DEVNULL, stderr=open(tmp_path / "scheduler.log", "wb"),
+                                      start_new_session=True))
+        worker_env = {**plain, "PYTHONPATH": str(ROOT), "ESPNET3_PREFECT_CLIENT_FILE": creds.source}
+        procs.append(subprocess.Popen(["ip", "netns", "exec", netns["name"], sys.executable, "-m",
+                                       "distributed.cli.dask_worker", scheduler_address, "--host", netns["worker"],
+                                       "--nthreads", "1", "--preload", "espnet3_prefect.worker_api",
+                                       "--dashboard-address", "127.0.0.1:0"], env=worker_env,
+                                      stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "wb"),
+                                      start_new_session=True))
+
+        def workers():
+            try:
+                with Client(scheduler_address, timeout=10) as client:
+                    return list(client.scheduler_info(n_workers=-1)["workers"])
+            except OSError:
+                return []
+
+        [worker] = _wait_for(workers, 180, "the worker in the namespace to join the scheduler")
+        assert worker.startswith(f"tcp://{netns['worker']}:"), worker
+
+        cfg = toy_config(tmp_path, n=6, num_shards=2)
+        cfg["runner"]["_target_"] = "tests.helpers.toy.JobRecordingRunner"
+        cfg["provider"]["params"].update(job_log=str(tmp_path / "jobs.log"))
+        cfg["parallel"] = {"address": scheduler_address, "n_workers": 1, "num_shards": 2}
+        path = write_yaml(tmp_path / "inference.yaml", cfg)
+        proc = subprocess.run([*CLI, "infer", "--config", str(path), "--server-host", netns["host"]],
+                              env=cli_env(home), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:] + (tmp_path / "worker.log").read_text()[-2000:]
+        pids = {int(line.split()[1]) for line in (tmp_path / "jobs.log").read_text().splitlines()}
+        for pid in pids:  # every item was computed by a process in the namespace
+            assert _ip("netns", "identify", str(pid)).stdout.strip() == netns["name"], pid
+        seen = recorded(creds)
+        shards = {n: s for n, s in seen["tasks"].items() if n.startswith("run-shard-test_a")}
+        assert len(shards) == 2 and set(shards.values()) == {"COMPLETED"}, seen["tasks"]
+        assert status_of(creds.api_url, None) == 401
+        reach = subprocess.run(["ip", "netns", "exec", netns["name"], sys.executable, "-c",
+                                      f"import urllib.request; urllib.request.urlopen('{creds.api_url}/health', timeout=5)"],
+                                     capture_output=True, text=True, timeout=60)
+        assert reach.returncode == 0, reach.stderr  # the namespace reaches the API over the veth pair
+    finally:
+        for proc in reversed(procs):
+            stop_group(proc.pid, 20)
+        stop_server(info["pid"])
+
+
+# -- deploy-local --host: the deployments' server, worker and flow runs with auth ------------------
+
+def test_deploy_local_beyond_loopback_with_auth_and_a_detached_run(tmp_path):
+    from prefect.client.orchestration import SyncPrefectClient
+
+    from espnet3_prefect.server import free_port
+
+    address = non_loopback_address()
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "prefect.yaml", project)
+    for folder in ("flows", "recipes", "deployments"):
+        shutil.copytree(ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    home = tmp_path / "home"
+    env = cli_env(home)
+    watch = Watch()
+    watch.start()
+    try:
+        proc = subprocess.run([*CLI, "deploy-local", "--host", address, "--port", str(free_port(address)),
+                               "--project-dir", str(project)], env=env, capture_output=True, text=True, timeout=500)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        creds = read_client_file(client_file(home))
+        assert creds.api_url.startswith(f"http://{address}:") and f"export PREFECT_API_URL={creds.api_url}" in proc.stdout
+        assert f"auth:    basic auth; credential in {home / 'api-client.json'} (mode 0600)" in proc.stdout
+        assert status_of(creds.api_url, None) == 401
+        cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=6, num_shards=2))
+        detached = subprocess.run([*CLI, "infer", "--detach", "--config", str(cfg)], env=env, cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=120)
+        assert detached.returncode == 0, detached.stderr[-3000:]
+        run_id = detached.stdout.split("flow run id: ")[1].split()[0]
+        with SyncPrefectClient(creds.api_url, auth_string=creds.auth_string) as client:
+            deadline = time.monotonic() + 300
+            while not (run := client.read_flow_run(run_id)).state.is_final() and time.monotonic() < deadline:
+                time.sleep(1)
+        assert run.state.is_completed(), run.state.message
+        watch.stop()
+        seen = recorded(creds)
+        assert {"run-shard-test_a-0", "run-shard-test_a-1"} <= set(seen["tasks"]), seen["tasks"]
+        assert_nowhere(creds.auth_string, cli_output=proc.stdout + proc.stderr + detached.stdout + detached.stderr,
+                       flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"],
+                       command_lines=watch.cmdlines, our_files=texts_under(home, tmp_path / "inference"))
+    finally:
+        watch.stop()
+        stop = subprocess.run([*CLI, "deploy-local", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+        assert stop.returncode == 0, stop.stderr
+        assert not client_file(home).exists()
