@@ -1,4 +1,6 @@
-"""``env: ssh``: ``distributed.SSHCluster`` over asyncssh; the first host runs the scheduler."""
+"""``env: ssh``: ``distributed.SSHCluster`` over asyncssh; the first host runs the scheduler. With
+``parallel.tls`` (the default) the cluster is :func:`espnet3_prefect.backends.ssh_tls.ssh_cluster`:
+the same processes, over TLS, the run's certificate copied to each host over ssh."""
 
 from __future__ import annotations
 
@@ -22,11 +24,12 @@ def _is_loopback(host: str) -> bool:
 
 class SshBackend(Backend):
     name = "ssh"
-    cluster_class = "distributed.SSHCluster"
+    cluster_class = "espnet3_prefect.backends.ssh_tls.ssh_cluster"
     extra = "ssh"
     also_needs = ("asyncssh",)
     refuses_scheduler_options = True
     start_at_once = True
+    tls_default = tls_supported = tls_files = True
 
     def valid_options(self) -> set[str] | None:
         return {"hosts", "connect_options", "worker_options", "scheduler_options", "worker_class", "remote_python"}
@@ -39,7 +42,7 @@ class SshBackend(Backend):
         loopback address, workers listen on 127.0.0.1 too. Host keys are checked as asyncssh does
         by default (``~/.ssh/known_hosts``) unless ``connect_options.known_hosts`` says otherwise.
         PREFECT_API_URL and PYTHONPATH are set on the remote command line (an ssh session does not
-        inherit them).
+        inherit them). With TLS, ``tls_directory`` is this run's certificate folder on this machine.
         """
         options = dict(spec.options)
         hosts = options.get("hosts")
@@ -59,8 +62,13 @@ class SshBackend(Backend):
         python = options.get("remote_python") or sys.executable
         pythons = python if isinstance(python, list) else [python]
         prefixed = [f"{env_prefix} {p}".strip() for p in pythons]
+        tls = {}
+        if self.uses_tls(spec):
+            tls["tls_directory"] = (str(context.certificates.directory) if context.certificates is not None
+                                    else "<a private temporary folder, made per run>")
         return {
             **options,
+            **tls,
             "hosts": expanded,
             "connect_options": dict(options.get("connect_options") or {}),
             "scheduler_options": {**scheduler_defaults, **(options.get("scheduler_options") or {})},
