@@ -31,16 +31,38 @@ pytestmark = pytest.mark.slow
 PROBE_TIMEOUT_S = 150.0
 
 
-def _refused(address: str, security=None) -> str | None:
-    """None when a client reaches the scheduler at ``address``; else why it could not."""
-    from distributed import Client
+_CONNECT = """
+import sys
+from distributed import Client
+from distributed.security import Security
+address, ca, cert, key = sys.argv[1:5]
+security = None
+if ca == "temporary":
+    security = Security.temporary()
+elif ca:
+    security = Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, require_encryption=True)
+try:
+    client = Client(address, timeout=4, security=security, set_as_default=False)
+except Exception as exc:
+    print("refused:", type(exc).__name__, str(exc)[:200])
+else:
+    print("connected", client.scheduler_info()["address"])
+    client.close()
+"""
+
+
+def _refused(address: str, ca: str = "", cert: str = "", key: str = "") -> str | None:
+    """None when a client (another process) reaches the scheduler at ``address``; else why it could not.
+    ``ca="temporary"``: a client with a self-signed certificate of its own."""
+    import sys
 
     try:
-        client = Client(address, timeout=4, security=security, set_as_default=False)
-    except Exception as exc:  # noqa: BLE001 - any failure to connect is a refusal
-        return f"{type(exc).__name__}: {exc}"[:200]
-    client.close()
-    return None
+        out = subprocess.run([sys.executable, "-c", _CONNECT, address, ca, cert, key], capture_output=True,
+                             text=True, timeout=90).stdout.strip()
+    except subprocess.TimeoutExpired:
+        return "refused: no answer in 90 s"
+    assert out.startswith(("refused:", "connected")), out
+    return None if out.startswith("connected") else out
 
 
 def _key_body(key_file: Path) -> list[str]:
@@ -85,23 +107,20 @@ class Probe(threading.Thread):
             self.facts["file_modes"] = {p.name: stat.S_IMODE(p.stat().st_mode) for p in Path(folder).iterdir()}
             self.facts["body"] = _key_body(Path(folder) / "key.pem")
             texts["ps"] = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
-            from distributed.security import Security
-
             from espnet3_prefect.backends.tls import RunCertificates
 
             host_port = address.split("://", 1)[1]
+            cert, key = str(Path(folder) / "cert.pem"), str(Path(folder) / "key.pem")
             self.facts["plain_tcp"] = _refused(f"tcp://{host_port}")
             self.facts["no_certs"] = _refused(address)
-            self.facts["own_cert"] = _refused(address, Security.temporary())
+            self.facts["own_cert"] = _refused(address, "temporary")
             # trusts the run's (public) certificate but holds another key: the scheduler must refuse it
             other = RunCertificates(tempfile.mkdtemp(prefix="e3p-test-other-")).create()
             try:
-                self.facts["other_key"] = _refused(address, Security(
-                    tls_ca_file=str(Path(folder) / "cert.pem"), tls_client_cert=str(other.cert_file),
-                    tls_client_key=str(other.key_file), require_encryption=True))
+                self.facts["other_key"] = _refused(address, cert, str(other.cert_file), str(other.key_file))
             finally:
                 other.remove()
-            self.facts["run_certs"] = _refused(address, RunCertificates(folder).security())
+            self.facts["run_certs"] = _refused(address, cert, cert, key)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
         finally:
