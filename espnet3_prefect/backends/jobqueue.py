@@ -147,10 +147,13 @@ class JobqueueBackend(Backend):
         return kwargs
 
     def certificate_folder(self, spec, context: ClusterContext) -> str | None:
-        """``options.shared_temp_directory``, else the run's job log folder: a path the compute nodes share."""
+        """``options.shared_temp_directory``, else the run's job log folder (``options.log_directory`` or
+        the default one): a path the compute nodes share."""
         import os
 
-        return str(spec.options.get("shared_temp_directory") or context.log_directory or os.getcwd())
+        options = spec.options
+        return str(options.get("shared_temp_directory") or options.get("log_directory") or context.log_directory
+                   or os.getcwd())
 
     def log_directory(self, spec, log_root, job_name: str) -> str:
         """Where this run's job logs go: ``options.log_directory``, else ``<log_root>/.dask-jobs/<job name>``."""

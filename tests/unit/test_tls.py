@@ -88,6 +88,12 @@ def test_shared_temp_directory_holds_the_certificate_folder():
     assert kwargs["security"].tls_worker_key == "/scratch/me/tls-e3p-x/key.pem"
 
 
+def test_a_users_log_directory_holds_the_certificate_folder():
+    s = spec("sge", {**BATCH_OPTIONS, "log_directory": "/scratch/me/logs"})
+    kwargs = backends.get("sge").cluster_kwargs(s, ClusterContext(job_name="e3p-x", log_directory="/default"))
+    assert kwargs["security"].tls_worker_key == "/scratch/me/logs/tls-e3p-x/key.pem"
+
+
 def test_the_job_script_names_the_files_and_never_holds_the_key(tmp_path):
     backend = backends.get("slurm")
     certs = RunCertificates.in_folder(tmp_path, "e3p-x").create()
