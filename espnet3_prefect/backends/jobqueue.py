@@ -8,8 +8,9 @@ format and, where we can ask it, its queue commands. Shared here:
 * our defaults for the cluster keyword arguments (logs in a known folder, worker dashboards on
   loopback, the Prefect API URL and PYTHONPATH exported in the job script, workers that retire
   before the walltime, TLS with the run's certificate files unless ``parallel.tls: false``: the
-  job script names the files, ``--tls-cert``/``--tls-key``, never their contents). The user's options always win, except ``job_name``, which becomes the
-  prefix of the per-run job name so that cleanup can find this run's jobs;
+  job script names the files, ``--tls-cert``/``--tls-key``, never their contents). The user's
+  options always win, except ``job_name``, which becomes the prefix of the per-run job name so
+  that cleanup can find this run's jobs;
 * a Job class that records the submissions the scheduler rejected (dask-jobqueue only logs them).
 """
 
