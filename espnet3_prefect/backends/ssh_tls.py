@@ -50,10 +50,16 @@ class _Uploads:
     async def _remove_upload(self) -> None:
         if not self.remote_dir:
             return
+        command = f"rm -rf {shlex.quote(self.remote_dir)}"
         try:
             if self.connection is not None:
-                await self.connection.run(f"rm -rf {shlex.quote(self.remote_dir)}")
-                self.remote_dir = None
+                await self.connection.run(command)
+            else:  # the process never started: its own connection was not made
+                import asyncssh
+
+                async with asyncssh.connect(self.address, **self.connect_options) as conn:
+                    await conn.run(command)
+            self.remote_dir = None
         except Exception:  # closing must go on; the folder is private and the run's key is not reused
             pass
 
