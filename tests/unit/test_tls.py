@@ -149,7 +149,7 @@ def test_a_scheduler_with_the_run_certificate_refuses_other_clients(tmp_path):
 
     certs = RunCertificates.in_folder(tmp_path, "e3p-x").create()
     other = RunCertificates.in_folder(tmp_path, "e3p-other").create()
-    with LocalCluster(n_workers=1, processes=False, protocol="tls://", host="127.0.0.1", dashboard_address=None,
+    with LocalCluster(n_workers=1, processes=False, protocol="tls://", host="127.0.0.1", dashboard_address="127.0.0.1:0",
                       security=certs.security()) as cluster:
         assert cluster.scheduler_address.startswith("tls://")
         with Client(cluster, set_as_default=False) as client:
