@@ -17,6 +17,10 @@ For batch-scheduler envs (:attr:`Backend.batch <espnet3_prefect.backends.base.Ba
   cluster (dask-jobqueue cancels the jobs it knows) and then cancels whatever job of this run
   is still queued, by name, and waits until the queue no longer lists any.
 
+With ``parallel.tls`` on (the default for batch schedulers and ssh) the run's certificate and key
+are made before the cluster starts (:mod:`espnet3_prefect.backends.tls`: ``<job log
+folder>/tls-<job name>/``, or a private temporary folder for ssh) and removed on the way out, last.
+
 :func:`cancel_jobs_hook` does the last step from a flow run alone; it is the flow's
 ``on_cancellation`` / ``on_crashed`` hook, which Prefect also runs in a runner process when
 the flow's own process was killed.
@@ -33,6 +37,7 @@ from typing import Any, Iterator
 from . import backends
 from .backends.base import Backend, ClusterContext
 from .backends.jobs import current_flow_run_id, run_job_name, run_tag, tag_of
+from .backends.tls import RunCertificates
 from .backends.watcher import JobWatcher
 from .errors import ConfigError, Espnet3PrefectError, one_line
 from .parallel import ParallelSpec, build_task_runner
@@ -48,17 +53,47 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[
     error (workers too slow to stop) is logged, never raised in place of that error.
     """
     backend = None if spec.address else backends.get(spec.env)
+    certificates: list[RunCertificates] = []
+    try:
+        with _opened(spec, backend, log_root, logger, certificates) as runner:
+            yield runner
+    finally:
+        for certs in certificates:
+            certs.remove()
+
+
+def _certificates(spec: ParallelSpec, backend: Backend | None, job_name: str, folder: str | None,
+                  made: list, logger) -> RunCertificates | None:
+    """This run's certificate files when it uses TLS with files (appended to ``made`` for removal)."""
+    if backend is None or not backend.tls_files or not backend.uses_tls(spec):
+        return None
+    certs = RunCertificates.temporary(job_name) if folder is None else RunCertificates.in_folder(folder, job_name)
+    made.append(certs)
+    if folder is not None:
+        certs.create()
+    logger.info("scheduler and workers talk TLS; this run's certificate is in %s (removed when the run ends)",
+                certs.directory)
+    return certs
+
+
+@contextlib.contextmanager
+def _opened(spec: ParallelSpec, backend: Backend | None, log_root: Path, logger, made: list) -> Iterator[Any]:
     if backend is None or not backend.batch:
-        with _entered(build_task_runner(spec), logger) as runner:
+        job_name = run_job_name(spec.options.get("job_name"), current_flow_run_id())
+        certs = _certificates(spec, backend, job_name, None, made, logger)
+        context = ClusterContext() if certs is None else ClusterContext(certificates=certs)
+        with _entered(build_task_runner(spec, context), logger) as runner:
             if backend is not None and backend.start_at_once:
                 _start(runner, backend)  # a remote start fails here, on one line with a hint
             yield runner
         return
     job_name = run_job_name(spec.options.get("job_name"), current_flow_run_id())
     log_dir = Path(backend.log_directory(spec, log_root, job_name))
+    folder = backend.certificate_folder(spec, ClusterContext(job_name=job_name, log_directory=str(log_dir)))
+    certs = _certificates(spec, backend, job_name, folder, made, logger)
     submit_errors: list = []
     runner = build_task_runner(spec, ClusterContext(job_name=job_name, log_directory=str(log_dir),
-                                                    submit_errors=submit_errors))
+                                                    submit_errors=submit_errors, certificates=certs))
     try:
         with _entered(runner, logger):
             started = time.monotonic()

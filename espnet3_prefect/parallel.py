@@ -1,8 +1,9 @@
 """The ESPnet3 ``parallel`` block, validated, turned into a prefect-dask ``DaskTaskRunner``.
 
 ``env`` picks the backend (:mod:`espnet3_prefect.backends`), ``n_workers`` how many workers (or
-jobs) it starts, ``options`` go to its Dask cluster class. ``address`` connects to a running
-scheduler. Everything is checked before any cluster starts; optional backends are imported lazily.
+jobs) it starts, ``options`` go to its Dask cluster class. ``tls`` (default: on for batch schedulers
+and ssh, off for local) puts the scheduler and workers on TLS with per-run certificates
+(:mod:`espnet3_prefect.backends.tls`). ``address`` connects to a running scheduler. Everything is checked before any cluster starts; optional backends are imported lazily.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from .util import is_int
 
 # lifetime_margin_s: batch-scheduler workers retire this long before their walltime (backends/walltime.py).
 # allow_overwrite_lock: ESPnet3's switch to replace a shard lock left by an interrupted run.
-TOP_LEVEL_KEYS = ("env", "n_workers", "options", "address", "num_shards", "lifetime_margin_s", "allow_overwrite_lock")
+# tls: scheduler <-> workers over TLS with per-run certificates (None: the env's default).
+TOP_LEVEL_KEYS = ("env", "n_workers", "options", "address", "num_shards", "lifetime_margin_s", "allow_overwrite_lock",
+                  "tls")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class ParallelSpec:
     num_shards: int | None = None
     lifetime_margin_s: float | None = None
     allow_overwrite_lock: bool = False
+    tls: bool | None = None
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None) -> "ParallelSpec":
@@ -50,16 +54,22 @@ class ParallelSpec:
             for key in ("env", "options", "lifetime_margin_s"):
                 if block.get(key) not in (None, {}, ""):
                     raise ConfigError(f"parallel.{key}: conflicts with parallel.address (a running scheduler has its own workers)")
+            if block.get("tls") is not None:
+                raise ConfigError("parallel.tls: conflicts with parallel.address (we cannot make a running scheduler's "
+                                  "certificates; for a tls:// address put its files in Dask's config distributed.comm.tls.*)")
             return cls(env="address", address=address, **_common(block))
         env = block.get("env", "local")
-        backends.get(env)  # an unknown env fails before anything else is read
+        backend = backends.get(env)  # an unknown env fails before anything else is read
         common = _common(block)
+        from .backends.tls import tls_enabled
+
+        tls = tls_enabled(backend, block.get("tls"))
         options = block.get("options") or {}
         if not isinstance(options, Mapping):
             raise ConfigError(f"parallel.options: must be a mapping, got {type(options).__name__}")
         margin = backends.lifetime_margin(env, block.get("lifetime_margin_s"))
-        backends.validate(env, dict(options), margin)
-        return cls(env=env, options=dict(options), lifetime_margin_s=margin, **common)
+        backends.validate(env, dict(options), margin, tls=tls)
+        return cls(env=env, options=dict(options), lifetime_margin_s=margin, tls=tls, **common)
 
 
 def _common(block: Mapping[str, Any]) -> dict[str, Any]:

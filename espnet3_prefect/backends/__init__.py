@@ -61,9 +61,9 @@ def batch() -> list[Backend]:
     return [b for b in _REGISTRY.values() if b.batch]
 
 
-def validate(env: str, options: dict, lifetime_margin_s: float | None = None) -> None:
+def validate(env: str, options: dict, lifetime_margin_s: float | None = None, tls: bool | None = None) -> None:
     """Every check of ``parallel.options`` for ``env`` (see :meth:`Backend.validate`)."""
-    get(env).validate(options, lifetime_margin_s, batch_envs=tuple(b.name for b in batch()))
+    get(env).validate(options, lifetime_margin_s, batch_envs=tuple(b.name for b in batch()), tls=tls)
 
 
 def lifetime_margin(env: str, value: Any) -> float | None:

@@ -21,6 +21,7 @@ from ..util import CLIENT_FILE_VAR
 if TYPE_CHECKING:
     from ..parallel import ParallelSpec
     from .jobs import JobQueue
+    from .tls import RunCertificates
     from .walltime import Lifetime
 
 # Variables every worker needs; batch jobs and SSH workers get them explicitly, since not every
@@ -46,13 +47,17 @@ class ClusterContext:
     ``job_name`` names this run's batch jobs (``options.job_name`` is only its prefix);
     ``log_directory`` is the default folder for the scheduler's job logs; ``environ`` (default
     ``os.environ``) supplies the variables exported to batch jobs and SSH workers;
-    ``submit_errors``, when given, collects the submissions a batch scheduler rejected.
+    ``submit_errors``, when given, collects the submissions a batch scheduler rejected;
+    ``certificates``: this run's TLS files (:class:`~espnet3_prefect.backends.tls.RunCertificates`,
+    created by the caller) when ``parallel.tls`` is on; without them the arguments name the folder
+    a run would use (``cluster-script``).
     """
 
     job_name: str = PREVIEW_JOB_NAME
     log_directory: str | None = None
     environ: Mapping[str, str] | None = None
     submit_errors: list | None = None
+    certificates: "RunCertificates | None" = None
 
 
 def exported_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -99,13 +104,17 @@ class Backend:
     job_id_variable: str | None = None  # set inside a batch job: its id
     refuses_scheduler_options = False  # batch-scheduler options are a mistake here (see SCHEDULER_ONLY)
     start_at_once = False  # create the cluster on entering the runner: a remote start fails early, on one line
+    tls_default = False    # parallel.tls when unset: scheduler <-> workers over TLS (backends/tls.py)
+    tls_supported = False  # whether parallel.tls: true is possible here
+    tls_files = False      # TLS needs this run's certificate files (workers in other processes or hosts)
 
     # -- validation ---------------------------------------------------------------------------
 
     def validate(self, options: dict, lifetime_margin_s: float | None = None, *,
-                 batch_envs: tuple[str, ...] = ()) -> None:
+                 batch_envs: tuple[str, ...] = (), tls: bool | None = None) -> None:
         """Every check of ``parallel.options`` for this env, each failing on one line naming the key
-        (``batch_envs``: where a misplaced batch-scheduler option belongs, for the message)."""
+        (``batch_envs``: where a misplaced batch-scheduler option belongs, for the message; ``tls``:
+        ``parallel.tls`` as given, None for unset)."""
         for key in RUNNER_MANAGED:
             if key in options:
                 raise option_error(key, "managed by espnet3-prefect, remove it")
@@ -117,6 +126,19 @@ class Backend:
                     raise option_error(key, f"a batch-scheduler option, not valid with env {self.name!r} "
                                             f"(it belongs under env: {'/'.join(batch_envs)})")
         self.check_options(options, lifetime_margin_s)
+        if self.tls_supported:
+            from .tls import check_tls_options, tls_enabled
+
+            check_tls_options(options, tls_enabled(self, tls))
+
+    def uses_tls(self, spec: "ParallelSpec") -> bool:
+        """Whether this run's scheduler and workers talk TLS (``spec.tls``, else this env's default)."""
+        return self.tls_default if spec.tls is None else bool(spec.tls)
+
+    def certificate_folder(self, spec: "ParallelSpec", context: ClusterContext) -> str | None:
+        """Where this run's certificate folder goes when ``parallel.tls`` is on; None: a fresh
+        private temporary folder on this machine (see :meth:`RunCertificates.temporary`)."""
+        return None
 
     def check_options(self, options: dict, lifetime_margin_s: float | None) -> None:
         """Backend-specific checks; this default refuses names the cluster class does not take."""

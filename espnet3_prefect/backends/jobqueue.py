@@ -7,8 +7,10 @@ format and, where we can ask it, its queue commands. Shared here:
   (a string where a list belongs, unparsable memory, a walltime YAML turned into a number);
 * our defaults for the cluster keyword arguments (logs in a known folder, worker dashboards on
   loopback, the Prefect API URL and PYTHONPATH exported in the job script, workers that retire
-  before the walltime). The user's options always win, except ``job_name``, which becomes the
-  prefix of the per-run job name so that cleanup can find this run's jobs;
+  before the walltime, TLS with the run's certificate files unless ``parallel.tls: false``: the
+  job script names the files, ``--tls-cert``/``--tls-key``, never their contents). The user's
+  options always win, except ``job_name``, which becomes the prefix of the per-run job name so
+  that cleanup can find this run's jobs;
 * a Job class that records the submissions the scheduler rejected (dask-jobqueue only logs them).
 """
 
@@ -22,6 +24,7 @@ from ..errors import one_line
 from ..util import SECRET_VARS, WORKER_PRELOAD, without_secrets
 from .base import (LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment, keyword_names, needs_preload,
                    option_error)
+from .tls import RunCertificates
 from .walltime import Lifetime, WalltimeFormat, worker_lifetime
 
 LIST_OPTIONS = ("job_extra_directives", "job_script_prologue", "worker_extra_args",
@@ -31,6 +34,7 @@ LIST_OPTIONS = ("job_extra_directives", "job_script_prologue", "worker_extra_arg
 class JobqueueBackend(Backend):
     batch = True
     start_at_once = True
+    tls_default = tls_supported = tls_files = True
     walltime: WalltimeFormat | None = None  # None: dask-jobqueue gives these jobs no walltime
     required_options: tuple[tuple[str, str], ...] = ()  # (key, example) besides cores and memory
     mapping_options: tuple[str, ...] = ()    # list options this scheduler also takes as a mapping
@@ -130,6 +134,11 @@ class JobqueueBackend(Backend):
         exports = [f"export {k}={shlex.quote(v)}" for k, v in exported.items()]
         prologue = exports + [str(line) for line in options.pop("job_script_prologue", None) or []]
         options.pop("job_name", None)  # used as the prefix of job_name
+        options.pop("shared_temp_directory", None)  # where the certificate folder goes (certificate_folder)
+        if self.uses_tls(spec):
+            certs = context.certificates or RunCertificates.in_folder(self.certificate_folder(spec, context),
+                                                                      context.job_name)
+            kwargs.update(security=certs.security(), protocol="tls://")
         self.adjust_options(options, options.get("log_directory") or kwargs.get("log_directory"), context.job_name)
         kwargs.update(options)
         kwargs.update(scheduler_options=scheduler_options, worker_extra_args=worker_args,
@@ -144,6 +153,15 @@ class JobqueueBackend(Backend):
         if job_cls is not base:
             kwargs["job_cls"] = job_cls
         return kwargs
+
+    def certificate_folder(self, spec, context: ClusterContext) -> str | None:
+        """``options.shared_temp_directory``, else the run's job log folder (``options.log_directory`` or
+        the default one): a path the compute nodes share."""
+        import os
+
+        options = spec.options
+        return str(options.get("shared_temp_directory") or options.get("log_directory") or context.log_directory
+                   or os.getcwd())
 
     def log_directory(self, spec, log_root, job_name: str) -> str:
         """Where this run's job logs go: ``options.log_directory``, else ``<log_root>/.dask-jobs/<job name>``."""

@@ -1,5 +1,7 @@
 """``env: local`` (a ``distributed.LocalCluster`` of processes) and ``env: local_gpu`` (dask-cuda, one
-worker per visible GPU). Both bind the scheduler and dashboards to 127.0.0.1."""
+worker per visible GPU). Both bind the scheduler and dashboards to 127.0.0.1. ``parallel.tls`` is
+off by default here (loopback only); ``tls: true`` gives the cluster Dask's in-memory temporary
+certificate (``security=True``): no file is written, workers get it from their parent process."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ class LocalBackend(Backend):
     name = "local"
     cluster_class = "distributed.LocalCluster"
     refuses_scheduler_options = True
+    tls_supported = True
     defaults: dict[str, Any] = {"host": "127.0.0.1", "dashboard_address": LOOPBACK_DASHBOARD,
                                 "threads_per_worker": 1, "processes": True}
 
@@ -23,7 +26,8 @@ class LocalBackend(Backend):
         return keyword_names(LocalCluster, Nanny, Worker)
 
     def cluster_kwargs(self, spec, context: ClusterContext) -> dict[str, Any]:
-        return {**self.defaults, **spec.options, "n_workers": spec.n_workers}
+        tls = {"security": True} if self.uses_tls(spec) else {}
+        return {**self.defaults, **spec.options, **tls, "n_workers": spec.n_workers}
 
 
 class LocalGpuBackend(LocalBackend):

@@ -15,7 +15,7 @@ def render_job_script(cluster_class: type, kwargs: Mapping[str, Any]) -> str:
 
     The cluster object is created inside a running event loop with ``asynchronous=True`` and never
     awaited, so no scheduler starts and ``n_workers`` is left out so nothing is submitted. The
-    scheduler address reads ``tcp://<insert-scheduler-address-here>:8786``.
+    scheduler address reads ``tcp://<insert-scheduler-address-here>:8786`` (``tls://`` with TLS).
     """
     from distributed.core import Status
 
@@ -25,9 +25,12 @@ def render_job_script(cluster_class: type, kwargs: Mapping[str, Any]) -> str:
     async def build() -> str:
         cluster = cluster_class(asynchronous=True, **kwargs)
         try:
-            return cluster.job_script()
+            script = cluster.job_script()
         finally:
             cluster.status = Status.closed  # never started: nothing to close
+        if str(kwargs.get("protocol") or "").startswith("tls"):  # dask-jobqueue's placeholder says tcp://
+            script = script.replace("tcp://<insert-scheduler-address-here>", "tls://<insert-scheduler-address-here>")
+        return script
 
     try:
         asyncio.get_running_loop()

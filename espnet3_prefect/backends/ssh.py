@@ -1,4 +1,6 @@
-"""``env: ssh``: ``distributed.SSHCluster`` over asyncssh; the first host runs the scheduler."""
+"""``env: ssh``: ``distributed.SSHCluster`` over asyncssh; the first host runs the scheduler. With
+``parallel.tls`` (the default) the cluster is :func:`espnet3_prefect.backends.ssh_tls.ssh_cluster`:
+the same processes, over TLS, the run's certificate copied to each host over ssh."""
 
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ def _is_loopback(host: str) -> bool:
 
 class SshBackend(Backend):
     name = "ssh"
-    cluster_class = "distributed.SSHCluster"
+    cluster_class = "espnet3_prefect.backends.ssh_tls.ssh_cluster"
     extra = "ssh"
     also_needs = ("asyncssh",)
     refuses_scheduler_options = True
     start_at_once = True
+    tls_default = tls_supported = tls_files = True
 
     def valid_options(self) -> set[str] | None:
         return {"hosts", "connect_options", "worker_options", "scheduler_options", "worker_class", "remote_python"}
@@ -41,7 +44,8 @@ class SshBackend(Backend):
         by default (``~/.ssh/known_hosts``) unless ``connect_options.known_hosts`` says otherwise.
         PREFECT_API_URL and PYTHONPATH are set on the remote command line (an ssh session does not
         inherit them); with an authenticated API, the client file's path instead of the URL, and the
-        workers preload :mod:`espnet3_prefect.worker_api`, which reads it.
+        workers preload :mod:`espnet3_prefect.worker_api`, which reads it. With TLS,
+        ``tls_directory`` is this run's certificate folder on this machine.
         """
         options = dict(spec.options)
         hosts = options.get("hosts")
@@ -67,8 +71,13 @@ class SshBackend(Backend):
             preload = worker_options.get("preload") or []
             preload = [preload] if isinstance(preload, str) else list(preload)
             worker_options["preload"] = preload if WORKER_PRELOAD in preload else [*preload, WORKER_PRELOAD]
+        tls = {}
+        if self.uses_tls(spec):
+            tls["tls_directory"] = (str(context.certificates.directory) if context.certificates is not None
+                                    else "<a private temporary folder, made per run>")
         return {
             **options,
+            **tls,
             "hosts": expanded,
             "connect_options": dict(options.get("connect_options") or {}),
             "scheduler_options": {**scheduler_defaults, **(options.get("scheduler_options") or {})},

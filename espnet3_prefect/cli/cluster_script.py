@@ -4,7 +4,8 @@
 
 For a batch scheduler (slurm, pbs, sge, lsf, htcondor, moab, oar) it prints the job script one
 worker job would get, with every default of ours filled in (job logs folder, loopback
-dashboards, exported PREFECT_API_URL/PYTHONPATH, worker lifetime); for OAR, whose script is
+dashboards, exported PREFECT_API_URL/PYTHONPATH, worker lifetime, the paths of the run's TLS
+certificate files, never their contents); for OAR, whose script is
 submitted inline, the ``oarsub`` command line itself. Only the job name
 (``e3p-<flow run>`` at run time) and the scheduler address are placeholders. Nothing is
 submitted and no scheduler starts. For kube it prints the DaskCluster resource (with

@@ -163,3 +163,18 @@ class JobRecordingRunner(InferenceRunner):
         for i in indices:
             _append(job_log, f"{_batch_job()} {os.getpid()} {i}")
         return out
+
+
+_GATE_DEADLINES: dict[str, float] = {}
+
+
+class GatedRunner(InferenceRunner):
+    """Like the toy runner, but items wait until the file ``gate`` exists (a process waits at most
+    ``gate_timeout_s`` in all): a test inspects the running cluster, then opens the gate."""
+
+    @staticmethod
+    def forward(idx, gate=None, gate_timeout_s=180.0, **env):
+        deadline = _GATE_DEADLINES.setdefault(str(gate), time.monotonic() + float(gate_timeout_s))
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return InferenceRunner.forward(idx, **env)

@@ -220,6 +220,9 @@ def test_oar_demo_matches_local_with_logs_names_and_no_job_left(oar, oar_python,
     request = records[min(job_ids, key=int)]["initial_request"]
     assert request.startswith(options + " "), (options, request)
     assert "-p memcore>=954 " in request
+    # TLS by default: OAR recorded the certificate paths, never the key itself (its folder is gone now)
+    assert "--protocol tls://" in request and f"tls-e3p-{tag}/key.pem" in request and "PRIVATE KEY" not in request
+    assert not (logs / f"tls-e3p-{tag}").exists()
 
 
 @pytest.mark.oar

@@ -69,7 +69,7 @@ BLOCKS = {
 def normalise(text: str) -> str:
     """Replace what changes between machines and runs: python path, scheduler address, ports."""
     text = text.replace(sys.executable, "<python>")
-    text = re.sub(r"tcp://[^\s'\"]+", "tcp://<scheduler>", text)
+    text = re.sub(r"(tcp|tls)://<[^\s'\"]+", r"\1://<scheduler>", text)
     return re.sub(r"(127\.0\.0\.1|localhost):[1-9][0-9]*", r"\1:<port>", text)
 
 
