@@ -39,17 +39,19 @@ from .parallel import ParallelSpec, build_task_runner
 
 
 @contextlib.contextmanager
-def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[Any]:
+def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger, worker_preload: tuple[str, ...] = ()) -> Iterator[Any]:
     """The flow's ``DaskTaskRunner``, started; batch jobs watched and always cleaned up.
 
-    ``log_root`` is the inference dir (the default job logs go under it). For a running
+    ``log_root`` is the inference dir (the default job logs go under it). ``worker_preload``: modules
+    each worker imports while it starts, on the backends that take a ``preload`` (see
+    :class:`~espnet3_prefect.backends.base.ClusterContext`). For a running
     scheduler (``address``) and the local backends this is the plain runner of
     :func:`build_task_runner`. On every backend a failure to close the cluster after another
     error (workers too slow to stop) is logged, never raised in place of that error.
     """
     backend = None if spec.address else backends.get(spec.env)
     if backend is None or not backend.batch:
-        with _entered(build_task_runner(spec), logger) as runner:
+        with _entered(build_task_runner(spec, ClusterContext(worker_preload=worker_preload)), logger) as runner:
             if backend is not None and backend.start_at_once:
                 _start(runner, backend)  # a remote start fails here, on one line with a hint
             yield runner
@@ -58,7 +60,7 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[
     log_dir = Path(backend.log_directory(spec, log_root, job_name))
     submit_errors: list = []
     runner = build_task_runner(spec, ClusterContext(job_name=job_name, log_directory=str(log_dir),
-                                                    submit_errors=submit_errors))
+                                                    submit_errors=submit_errors, worker_preload=worker_preload))
     try:
         with _entered(runner, logger):
             started = time.monotonic()

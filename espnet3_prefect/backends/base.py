@@ -43,13 +43,16 @@ class ClusterContext:
     ``job_name`` names this run's batch jobs (``options.job_name`` is only its prefix);
     ``log_directory`` is the default folder for the scheduler's job logs; ``environ`` (default
     ``os.environ``) supplies the variables exported to batch jobs and SSH workers;
-    ``submit_errors``, when given, collects the submissions a batch scheduler rejected.
+    ``submit_errors``, when given, collects the submissions a batch scheduler rejected;
+    ``worker_preload`` names modules every worker imports as a Dask preload while it starts (the
+    flows' task modules; backends whose workers take ``preload`` use it, the others ignore it).
     """
 
     job_name: str = PREVIEW_JOB_NAME
     log_directory: str | None = None
     environ: Mapping[str, str] | None = None
     submit_errors: list | None = None
+    worker_preload: tuple[str, ...] = ()
 
 
 def exported_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
