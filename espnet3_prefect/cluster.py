@@ -39,7 +39,8 @@ from .parallel import ParallelSpec, build_task_runner
 
 
 @contextlib.contextmanager
-def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger, worker_preload: tuple[str, ...] = ()) -> Iterator[Any]:
+def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger,
+                     worker_preload: tuple[str, ...] = ()) -> Iterator[Any]:
     """The flow's ``DaskTaskRunner``, started; batch jobs watched and always cleaned up.
 
     ``log_root`` is the inference dir (the default job logs go under it). ``worker_preload``: modules
