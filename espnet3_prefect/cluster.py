@@ -44,10 +44,13 @@ from .parallel import ParallelSpec, build_task_runner
 
 
 @contextlib.contextmanager
-def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[Any]:
+def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger,
+                     worker_preload: tuple[str, ...] = ()) -> Iterator[Any]:
     """The flow's ``DaskTaskRunner``, started; batch jobs watched and always cleaned up.
 
-    ``log_root`` is the inference dir (the default job logs go under it). For a running
+    ``log_root`` is the inference dir (the default job logs go under it). ``worker_preload``: modules
+    each worker imports while it starts, on the backends that take a ``preload`` (see
+    :class:`~espnet3_prefect.backends.base.ClusterContext`). For a running
     scheduler (``address``) and the local backends this is the plain runner of
     :func:`build_task_runner`. On every backend a failure to close the cluster after another
     error (workers too slow to stop) is logged, never raised in place of that error.
@@ -55,7 +58,7 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger) -> Iterator[
     backend = None if spec.address else backends.get(spec.env)
     certificates: list[RunCertificates] = []
     try:
-        with _opened(spec, backend, log_root, logger, certificates) as runner:
+        with _opened(spec, backend, log_root, logger, certificates, worker_preload) as runner:
             yield runner
     finally:
         for certs in certificates:
@@ -77,11 +80,12 @@ def _certificates(spec: ParallelSpec, backend: Backend | None, job_name: str, fo
 
 
 @contextlib.contextmanager
-def _opened(spec: ParallelSpec, backend: Backend | None, log_root: Path, logger, made: list) -> Iterator[Any]:
+def _opened(spec: ParallelSpec, backend: Backend | None, log_root: Path, logger, made: list,
+            worker_preload: tuple[str, ...]) -> Iterator[Any]:
     if backend is None or not backend.batch:
         job_name = run_job_name(spec.options.get("job_name"), current_flow_run_id())
         certs = _certificates(spec, backend, job_name, None, made, logger)
-        context = ClusterContext() if certs is None else ClusterContext(certificates=certs)
+        context = ClusterContext(certificates=certs, worker_preload=worker_preload)
         with _entered(build_task_runner(spec, context), logger) as runner:
             if backend is not None and backend.start_at_once:
                 _start(runner, backend)  # a remote start fails here, on one line with a hint
@@ -93,7 +97,8 @@ def _opened(spec: ParallelSpec, backend: Backend | None, log_root: Path, logger,
     certs = _certificates(spec, backend, job_name, folder, made, logger)
     submit_errors: list = []
     runner = build_task_runner(spec, ClusterContext(job_name=job_name, log_directory=str(log_dir),
-                                                    submit_errors=submit_errors, certificates=certs))
+                                                    submit_errors=submit_errors, certificates=certs,
+                                                    worker_preload=worker_preload))
     try:
         with _entered(runner, logger):
             started = time.monotonic()

@@ -1,5 +1,6 @@
 """The flow side of running shards, shared by every flow that drives a runner (``infer``, ``run-runner``).
 
+:data:`WORKER_PRELOAD` names the Dask preload that imports the tasks in each worker as it starts;
 :func:`run_shards` submits one ``run-shard`` task per shard to the flow's ``DaskTaskRunner`` and books
 them as they finish (progress bar + artifact, counts, one line per failed shard); :func:`forget_env`
 drops a stage's env from the workers; :func:`take_run_lock` takes a folder's run lock and marks the
@@ -16,6 +17,10 @@ from espnet3_prefect.lock import RunLock, acquire
 from espnet3_prefect.plan import Shard
 from espnet3_prefect.report import Progress, add_timing, empty_timing
 from espnet3_prefect.run_states import mark_flow_run_crashed, mark_task_run_crashed
+from espnet3_prefect.tasks import preload
+
+#: what every worker imports while it starts (``open_task_runner(..., worker_preload=WORKER_PRELOAD)``)
+WORKER_PRELOAD = (preload.__name__,)
 
 
 def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, what: str | None = None,

@@ -50,7 +50,9 @@ class ClusterContext:
     ``submit_errors``, when given, collects the submissions a batch scheduler rejected;
     ``certificates``: this run's TLS files (:class:`~espnet3_prefect.backends.tls.RunCertificates`,
     created by the caller) when ``parallel.tls`` is on; without them the arguments name the folder
-    a run would use (``cluster-script``).
+    a run would use (``cluster-script``). ``worker_preload`` names modules every worker imports as
+    a Dask preload while it starts (the flows' task modules; backends whose workers take
+    ``preload`` use it, the others ignore it).
     """
 
     job_name: str = PREVIEW_JOB_NAME
@@ -58,6 +60,7 @@ class ClusterContext:
     environ: Mapping[str, str] | None = None
     submit_errors: list | None = None
     certificates: "RunCertificates | None" = None
+    worker_preload: tuple[str, ...] = ()
 
 
 def exported_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -17,6 +17,7 @@ class LocalBackend(Backend):
     cluster_class = "distributed.LocalCluster"
     refuses_scheduler_options = True
     tls_supported = True
+    preloads_workers = True  # LocalCluster passes ``preload`` to every worker (ClusterContext.worker_preload)
     defaults: dict[str, Any] = {"host": "127.0.0.1", "dashboard_address": LOOPBACK_DASHBOARD,
                                 "threads_per_worker": 1, "processes": True}
 
@@ -27,13 +28,17 @@ class LocalBackend(Backend):
 
     def cluster_kwargs(self, spec, context: ClusterContext) -> dict[str, Any]:
         tls = {"security": True} if self.uses_tls(spec) else {}
-        return {**self.defaults, **spec.options, **tls, "n_workers": spec.n_workers}
+        kwargs = {**self.defaults, **spec.options, **tls, "n_workers": spec.n_workers}
+        if context.worker_preload and self.preloads_workers:
+            kwargs["preload"] = worker_preload(context.worker_preload, spec.options.get("preload"))
+        return kwargs
 
 
 class LocalGpuBackend(LocalBackend):
     name = "local_gpu"
     cluster_class = "dask_cuda.LocalCUDACluster"
     extra = "gpu"
+    preloads_workers = False  # not verified with dask-cuda here (no GPU machine): left as it was
     defaults = {"host": "127.0.0.1", "dashboard_address": LOOPBACK_DASHBOARD}
 
     def valid_options(self) -> set[str] | None:
@@ -41,6 +46,21 @@ class LocalGpuBackend(LocalBackend):
 
     def before_start(self, spec) -> None:
         check_gpu_count(spec.n_workers, visible_gpu_count())
+
+
+def worker_preload(ours: tuple[str, ...], theirs: Any) -> list[str]:
+    """Our preload modules first, then the user's ``options.preload`` (a name or a list), or, without
+    it, Dask's ``distributed.worker.preload`` setting, which an explicit ``preload`` would replace.
+
+    >>> worker_preload(("a",), "b"), worker_preload(("a",), ["a", "c"])
+    (['a', 'b'], ['a', 'c'])
+    """
+    if theirs is None:
+        import dask
+
+        theirs = dask.config.get("distributed.worker.preload", default=[])
+    theirs = [theirs] if isinstance(theirs, str) else list(theirs or [])
+    return [*ours, *(name for name in theirs if name not in ours)]
 
 
 def visible_gpu_count() -> int:

@@ -82,3 +82,16 @@ def test_allow_overwrite_lock_is_espnet3s_boolean():
     assert ParallelSpec.from_config({"address": "tcp://127.0.0.1:8786", "allow_overwrite_lock": False}).address
     with pytest.raises(ConfigError, match="^parallel.allow_overwrite_lock: must be true or false, got 'yes'$"):
         ParallelSpec.from_config({"allow_overwrite_lock": "yes"})
+
+
+def test_local_workers_preload_ours_then_the_users_modules():
+    from espnet3_prefect.backends.base import ClusterContext
+    from espnet3_prefect.backends.local import LocalBackend
+
+    ours = ("espnet3_prefect.tasks.preload",)
+    plain = ParallelSpec.from_config({"env": "local"})
+    assert "preload" not in cluster_kwargs(plain)  # cluster-script previews: nothing added
+    assert LocalBackend().cluster_kwargs(plain, ClusterContext(worker_preload=ours))["preload"] == list(ours)
+    theirs = ParallelSpec.from_config({"env": "local", "options": {"preload": "my_site.setup"}})
+    assert LocalBackend().cluster_kwargs(theirs, ClusterContext(worker_preload=ours))["preload"] == [
+        *ours, "my_site.setup"]

@@ -1,0 +1,53 @@
+"""Dask worker preload: a worker imports what our tasks need while it starts, not in its first task.
+
+Named in ``preload`` of the local cluster (:func:`espnet3_prefect.cluster.open_task_runner`), so
+Dask imports this module in every worker process and calls :func:`dask_setup` before the worker
+takes work. Without it, each worker paid ~1.4-2 s of CPU importing Prefect, prefect-dask and our
+task modules when it unpickled its first task: on the first worker inside ``build-env``, on every
+other one after ``build-env`` had returned, one after the other on the flow's critical path. With
+it, the workers import in parallel while the cluster starts.
+
+After the imports the import-time objects are frozen out of the garbage collector
+(:func:`gc.freeze`): later collections, and the collection at interpreter exit (which made a worker
+process that had imported Prefect take 1-4 s to exit after the flow closed the cluster, long enough
+for the nanny to kill it), skip them. The collector stays on for everything the tasks create.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import sys
+
+#: imported by :func:`warm_up`: the worker side of the task runner, the Prefect task engine (imported
+#: lazily by the first task run) and every task module a worker runs
+MODULES = ("espnet3_prefect.task_runner", "prefect.task_engine", "espnet3_prefect.tasks.build_env",
+           "espnet3_prefect.tasks.run_shard", "espnet3_prefect.tasks.runner_steps")
+
+#: set on the worker by :func:`dask_setup` (tests read it through ``client.run``)
+WARMED = "espnet3_prefect_warmed"
+
+
+def warm_up() -> list[str]:
+    """Import :data:`MODULES` (with the collector paused, it only slows importing down) and freeze what
+    exists now out of later collections. On the main thread, so ``dask_jobqueue`` (imported by
+    espnet3's classes) may install its signal handler. Returns the modules imported by this call."""
+    from espnet3_prefect.rundir import preload_on_main_thread
+
+    missing = [name for name in MODULES if name not in sys.modules]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        preload_on_main_thread()
+        for name in missing:
+            importlib.import_module(name)
+    finally:
+        if enabled:
+            gc.enable()
+    gc.freeze()
+    return missing
+
+
+def dask_setup(worker) -> None:
+    """Dask's preload hook: :func:`warm_up` in the worker process, before it runs any task."""
+    setattr(worker, WARMED, warm_up())
