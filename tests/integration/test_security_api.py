@@ -54,11 +54,16 @@ def non_loopback_address() -> str:
 
 
 class Watch(threading.Thread):
-    """Every command line on this machine, and what ``probe()`` returns, sampled until stopped."""
+    """Every command line on this machine, the starting environment of every Dask process started
+    by ``dask_spec`` (an ssh worker or scheduler), and what ``probe()`` returns, sampled until stopped.
+
+    An ssh worker's ``VAR=value python ...`` prefix is on the command line only of the short-lived
+    shell that execs python; the worker process itself shows it in its environment."""
 
     def __init__(self, probe=None, every_s: float = 0.3):
         super().__init__(daemon=True)
         self.cmdlines: set[str] = set()
+        self.dask_spec_environs: list[dict[str, str]] = []
         self.probed: list[str] = []
         self.probe, self.every_s, self._halt = probe, every_s, threading.Event()
 
@@ -66,7 +71,11 @@ class Watch(threading.Thread):
         while not self._halt.is_set():
             for entry in Path("/proc").glob("[0-9]*/cmdline"):
                 try:
-                    self.cmdlines.add(entry.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                    cmdline = entry.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    self.cmdlines.add(cmdline)
+                    if "distributed.cli.dask_spec" in cmdline:
+                        pairs = (entry.parent / "environ").read_bytes().decode(errors="replace").split("\0")
+                        self.dask_spec_environs.append(dict(p.split("=", 1) for p in pairs if "=" in p))
                 except OSError:
                     pass
             if self.probe is not None:
@@ -290,9 +299,9 @@ def test_ssh_workers_record_task_runs_through_the_client_file(sshd, served, tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     pids = {line.split()[1] for line in (tmp_path / "pids.log").read_text().splitlines()}
     assert pids and str(os.getpid()) not in pids
-    remote = [line for line in watch.cmdlines
-              if "distributed.cli.dask_spec" in line and f"ESPNET3_PREFECT_CLIENT_FILE={creds.source}" in line]
-    assert remote, "no ssh worker command line with the client file's path was seen"
+    remote = [env for env in watch.dask_spec_environs if env.get("ESPNET3_PREFECT_CLIENT_FILE") == str(creds.source)]
+    assert remote, "no ssh-started Dask process had the client file's path in its environment"
+    assert not any("PREFECT_API_AUTH_STRING" in env for env in remote)  # it came from the file, not the ssh command
     seen = recorded(creds)
     assert sum(1 for n, st in seen["tasks"].items() if n.startswith("run-shard-test_a") and st == "COMPLETED") >= 2
     assert_nowhere(creds.auth_string, cli_output=proc.stdout + proc.stderr, command_lines=watch.cmdlines,
