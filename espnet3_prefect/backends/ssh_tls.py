@@ -29,6 +29,19 @@ class _Uploads:
     role = ""
     remote_dir: str | None = None
 
+    def __init__(self, *args: Any, tls_directory: str | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._init_tls(tls_directory)
+
+    async def start(self):
+        if self.certs is not None:
+            await self._upload()
+        await super().start()
+
+    async def close(self):
+        await self._remove_upload()
+        await super().close()
+
     def _init_tls(self, tls_directory: str | None) -> None:
         self.certs = RunCertificates(tls_directory) if tls_directory else None
         self.remote_dir = None
@@ -67,35 +80,9 @@ class _Uploads:
 class TlsSshScheduler(_Uploads, _SshScheduler):
     role = "scheduler"
 
-    def __init__(self, *args: Any, tls_directory: str | None = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._init_tls(tls_directory)
-
-    async def start(self):
-        if self.certs is not None:
-            await self._upload()
-        await super().start()
-
-    async def close(self):
-        await self._remove_upload()
-        await super().close()
-
 
 class TlsSshWorker(_Uploads, _SshWorker):
     role = "worker"
-
-    def __init__(self, *args: Any, tls_directory: str | None = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._init_tls(tls_directory)
-
-    async def start(self):
-        if self.certs is not None:
-            await self._upload()
-        await super().start()
-
-    async def close(self):
-        await self._remove_upload()
-        await super().close()
 
 
 def ssh_cluster(hosts: list[str], connect_options: dict | None = None, worker_options: dict | None = None,
