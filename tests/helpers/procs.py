@@ -19,3 +19,14 @@ def cli_env(home: Path) -> dict[str, str]:
                ESPNET3_PREFECT_REGISTRY=str(Path(home) / "registry"))  # `servers` sees this test's only
     return env
 
+
+def copy_project(dest: Path) -> Path:
+    """A copy of what ``deploy-local`` deploys (prefect.yaml, flows/, recipes/, deployments/) in ``dest/project``."""
+    import shutil
+
+    project = dest / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "prefect.yaml", project)
+    for folder in ("flows", "recipes", "deployments"):
+        shutil.copytree(ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return project

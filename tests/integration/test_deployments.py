@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import CLI, pid_alive
+from tests.helpers.procs import CLI, copy_project, pid_alive
 
 from tests.conftest import ROOT
 
@@ -37,11 +37,7 @@ def deployed(tmp_path_factory):
     from espnet3_prefect.server import free_port
 
     base = tmp_path_factory.mktemp("deploy")
-    project = base / "project"
-    project.mkdir()
-    shutil.copy(ROOT / "prefect.yaml", project)
-    for folder in ("flows", "recipes", "deployments"):
-        shutil.copytree(ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    project = copy_project(base)
     home = base / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))

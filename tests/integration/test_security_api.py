@@ -31,7 +31,7 @@ import pytest
 from espnet3_prefect.api_auth import client_file, read_client_file
 from espnet3_prefect.api_host import resolve_host
 from tests.conftest import ROOT, toy_config, write_yaml
-from tests.helpers.procs import CLI, cli_env
+from tests.helpers.procs import CLI, cli_env, copy_project
 from tests.integration.test_real_backends import batch_parallel, queue_jobs, sge, slurm, sshd  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
@@ -420,11 +420,7 @@ def test_deploy_local_beyond_loopback_with_auth_and_a_detached_run(tmp_path):
     from espnet3_prefect.server import free_port
 
     address = non_loopback_address()
-    project = tmp_path / "project"
-    project.mkdir()
-    shutil.copy(ROOT / "prefect.yaml", project)
-    for folder in ("flows", "recipes", "deployments"):
-        shutil.copytree(ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    project = copy_project(tmp_path)
     home = tmp_path / "home"
     env = cli_env(home)
     watch = Watch()

@@ -161,6 +161,12 @@ def local_outputs(tmp_path_factory, prefect_server):
     return {name: (root / "inference/test_a" / name).read_bytes() for name in ("y.scp", "ref.scp")}
 
 
+def assert_same_as_local(tmp_path: Path, local_outputs: dict[str, bytes]) -> None:
+    """The run's merged files are byte-identical to the ``env: local`` run's."""
+    for name, data in local_outputs.items():
+        assert (tmp_path / "inference/test_a" / name).read_bytes() == data
+
+
 def _registered_address(log_dir: Path) -> str | None:
     for path in log_dir.glob("*"):
         if path.is_file():
@@ -198,8 +204,7 @@ def test_batch_run_over_tls_refuses_clients_without_the_run_certificate(schedule
     state, flow_run_id = run_flow(tmp_path, cfg)
     _check(probe)
     assert state.is_completed(), state.message
-    for name, data in local_outputs.items():
-        assert (tmp_path / "inference/test_a" / name).read_bytes() == data
+    assert_same_as_local(tmp_path, local_outputs)
     if env == "slurm":  # the submitted script names the files (a positive control for the leak check)
         assert any("--tls-key" in t for k, t in probe.facts["texts"].items() if "batch_script" in k)
     assert wait_no_jobs(env, run_tag(flow_run_id), timeout_s=0) == []
@@ -214,8 +219,7 @@ def test_tls_false_runs_plain_tcp(slurm, prefect_server, local_outputs, tmp_path
     log_dir = tmp_path / "inference/.dask-jobs" / f"e3p-{run_tag(flow_run_id)}"
     assert (_registered_address(log_dir) or "").startswith("tcp://")
     assert not list(log_dir.glob("tls-*"))
-    for name, data in local_outputs.items():
-        assert (tmp_path / "inference/test_a" / name).read_bytes() == data
+    assert_same_as_local(tmp_path, local_outputs)
 
 
 @pytest.mark.ssh
@@ -246,8 +250,7 @@ def test_ssh_run_over_tls_keeps_the_key_off_command_lines(sshd, prefect_server, 
     state, _ = run_flow(tmp_path, cfg)
     _check(probe)
     assert state.is_completed(), state.message
-    for name, data in local_outputs.items():
-        assert (tmp_path / "inference/test_a" / name).read_bytes() == data
+    assert_same_as_local(tmp_path, local_outputs)
     assert len(remote_dirs) >= 2, remote_dirs  # the scheduler's copy and each worker's
     assert set(remote_modes.values()) == {(0o700, (0o600, 0o600))}, remote_modes
     assert not [d for d in remote_dirs if os.path.exists(d)], "remote certificate copies left after the run"
