@@ -11,6 +11,7 @@ Both drive the runner class through its public hooks only, so they write the sam
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -68,13 +69,19 @@ def sequential(stage: Stage, n_items: int, out_dir: Path, fields=("y",)) -> floa
 
 
 def plain_dask(stage: Stage, n_items: int, n_workers: int, num_shards: int, out_dir: Path, fields=("y",),
-               lengths=None) -> float:
+               lengths=None, dask_settings: dict | None = None) -> float:
+    """``dask_settings``: Dask configuration while the cluster lives (default: Dask's own)."""
+    import dask
+
     started = time.perf_counter()
     shards = plan_shards(stage.test_set, n_items, num_shards, stage.work.batch_size, lengths=lengths)
-    with LocalCluster(n_workers=n_workers, threads_per_worker=1, host="127.0.0.1",
+    environ = dict(os.environ)  # Dask's nanny sets its pre-spawn variables here; later runs must not inherit them
+    with dask.config.set(dask_settings or {}), LocalCluster(n_workers=n_workers, threads_per_worker=1, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
         client.register_plugin(_Env(stage.runner.provider, str(out_dir)))
         futures = client.map(_shard, [stage.work.runner_cls] * len(shards), shards, pure=False)
         parts = client.gather(futures)
+    os.environ.clear()
+    os.environ.update(environ)
     _merge([Path(p) for p in parts], out_dir, fields)
     return time.perf_counter() - started

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from . import audio, baselines, synthetic
+from . import baselines, synthetic
+from .data_groups import balance, prefetch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,6 +54,17 @@ class Suite:
         started = time.perf_counter()
         [summary] = infer(config=[str(path)])
         return time.perf_counter() - started, summary
+
+    @staticmethod
+    def dropin_infer(path: Path) -> float:
+        """Seconds of ``espnet3_prefect.infer(config)``, the drop-in for ESPnet3's ``infer()``."""
+        from omegaconf import OmegaConf
+
+        from espnet3_prefect import infer
+
+        started = time.perf_counter()
+        infer(OmegaConf.load(path))
+        return time.perf_counter() - started
 
     def write_config(self, name: str, cfg: dict) -> Path:
         path = self.work / f"{name}.yaml"
@@ -88,10 +100,13 @@ def overhead_and_resume(s: Suite) -> None:
     s.record("overhead", "infer flow, same [s]", flow, note="outputs identical" if same else "OUTPUTS DIFFER")
     s.record("overhead", "infer / plain Dask", flow / dask, "<= 1.10")
     s.record("overhead", "plain Dask / sequential (2 workers)", dask / seq)
-    again, summary = s.infer("ovh", s.n, COST_MS, 2)
+    again = s.dropin_infer(s.work / "ovh.yaml")
     s.record("resume", "re-run of the finished stage / first run", again / flow, "<= 0.03",
-             f"{summary['shards_run']} shards run")
+             "drop-in infer(config), as the CLI: answered without a flow run")
     s.record("resume", "re-run of the finished stage [s]", again)
+    again, summary = s.infer("ovh", s.n, COST_MS, 2)
+    s.record("resume", "re-run as a flow run (a deployment's) / first run", again / flow,
+             note=f"{summary['shards_run']} shards run; {again:.2f} s")
     first, killed, resumed = resume_after_kill(s)
     s.record("resume", "resume after a kill at ~50% / uninterrupted run", resumed / first,
              note=f"{killed} shards were done at the kill")
@@ -144,74 +159,6 @@ def shard_count(s: Suite) -> None:
     ref = walls["1 per worker"]
     for label, wall in walls.items():
         s.record("shards", f"{label}: wall / 1-per-worker wall", wall / ref, note=f"{wall:.2f} s")
-
-
-def prefetch(s: Suite) -> None:
-    """Loading overlapped with compute: FSDD recordings read and turned into log-mel features on every
-    ``dataset[i]`` (page cache dropped before each run), a torch model of comparable cost; 1 worker
-    (this machine has 2 cores: the reading thread and the model each get one). ESPnet3's plain-Dask
-    design reads inside forward, serially; ours reads the next batches in a background thread."""
-    from espnet3_prefect.plan import default_num_shards
-
-    n = 600 if s.quick else 2400
-    load, compute = audio.calibrate(n=100 if s.quick else 300)
-    ideal = max(load, compute) * n  # one worker: the slower of the two, per item, for every item
-    shards = default_num_shards(n, 1)
-    fields = ("digit", "frames")
-    paths = audio.recordings()
-    audio.evict(paths)
-    dask_stage = s.stage_of(s.write_config("pf_dask", audio.config(str(s.work / "pf_dask"), n, 1)))
-    dask = baselines.plain_dask(dask_stage, n, 1, shards, s.work / "pf_dask_out", fields=fields)
-    walls, summaries = {}, {}
-    for label, depth in (("on", None), ("off", 0)):
-        audio.evict(paths)
-        path = s.write_config(f"pf_{label}", audio.config(str(s.work / f"pf_{label}"), n, 1, prefetch=depth))
-        walls[label], summaries[label] = s.infer_config(path)
-    outputs = [(s.work / "pf_dask_out" / f"{f}.scp").read_bytes() for f in fields]
-    same = all(outputs == [(s.work / f"pf_{label}/fsdd/{f}.scp").read_bytes() for f in fields]
-               for label in ("on", "off"))
-    on = summaries["on"]["timing"]
-    s.record("prefetch", f"load / compute per item, in-process [ms]", load * 1000,
-             note=f"compute {compute * 1000:.2f} ms; {n} items, 1 worker")
-    s.record("prefetch", "plain Dask (ESPnet3 design, reads inside forward) [s]", dask)
-    s.record("prefetch", "infer, prefetch on (default) [s]", walls["on"], note="outputs identical" if same
-             else "OUTPUTS DIFFER")
-    s.record("prefetch", "infer, prefetch off [s]", walls["off"])
-    s.record("prefetch", "infer (prefetch on) / plain Dask", walls["on"] / dask, "<= 0.85")
-    s.record("prefetch", "infer prefetch on / off", walls["on"] / walls["off"])
-    s.record("prefetch", "shard wall (prefetch on) / max(load, compute)", on["wall_s"] / ideal, "<= 1.15",
-             f"{on['wall_s']:.2f} s vs {ideal:.2f} s; in shards: load {on['load_s']:.1f} s, waited "
-             f"{on['wait_s']:.1f} s, forward {on['forward_s']:.1f} s, write {on['write_s']:.1f} s")
-    from espnet3_prefect.report import summary_rows
-
-    [row] = summary_rows([summaries["on"]])
-    s.record("report", "what the summary says for the prefetch run: utilisation", row["utilisation"] or 0.0,
-             note=f"bound by {row['bound']}")
-
-
-def balance(s: Suite) -> None:
-    """Uneven utterances: log-normal lengths (longest / shortest >= 20), sorted by length, forward cost
-    proportional to length, 2 workers: shards balanced on lengths() vs equal-count shards (same data)."""
-    n = 800 if s.quick else 2000
-    unit_ms = 6.0
-    lengths = synthetic.uneven_lengths(n)
-    work = sum(lengths) * unit_ms / 1000  # seconds of forward in total
-    spread = max(lengths) / min(lengths)
-    walls, summaries = {}, {}
-    for label, with_lengths in (("balanced", True), ("equal", False)):
-        path = s.write_config(f"bal_{label}", synthetic.uneven_config(str(s.work / f"bal_{label}"), n, unit_ms, 2,
-                                                                      with_lengths))
-        walls[label], summaries[label] = s.infer_config(path)
-    same = (s.work / "bal_balanced/bench/y.scp").read_bytes() == (s.work / "bal_equal/bench/y.scp").read_bytes()
-    for label in ("balanced", "equal"):
-        timing = summaries[label]["timing"]
-        s.record("balance", f"{label} shards: shard wall / (work / workers)", timing["wall_s"] / (work / 2),
-                 "<= 1.15" if label == "balanced" else "",
-                 f"{timing['wall_s']:.2f} s vs {work / 2:.2f} s; flow {walls[label]:.2f} s"
-                 + ("; outputs identical" if same else "; OUTPUTS DIFFER") * (label == "balanced"))
-    s.record("balance", "longest / shortest utterance", spread, ">= 20", f"{n} items, log-normal, sorted")
-    s.record("balance", "balanced / equal shard wall", summaries["balanced"]["timing"]["wall_s"]
-             / summaries["equal"]["timing"]["wall_s"])
 
 
 def driver_memory(s: Suite) -> None:

@@ -86,7 +86,7 @@ def _opened(spec: ParallelSpec, backend: Backend | None, log_root: Path, logger,
         job_name = run_job_name(spec.options.get("job_name"), current_flow_run_id())
         certs = _certificates(spec, backend, job_name, None, made, logger)
         context = ClusterContext(certificates=certs, worker_preload=worker_preload)
-        with _entered(build_task_runner(spec, context), logger) as runner:
+        with _dask_settings(backend, spec), _entered(build_task_runner(spec, context), logger) as runner:
             if backend is not None and backend.start_at_once:
                 _start(runner, backend)  # a remote start fails here, on one line with a hint
             yield runner
@@ -145,6 +145,16 @@ def cancel_jobs_hook(flow, flow_run, state) -> None:
         if left:
             log.warning("%s jobs of run %s still listed after cancelling: %s", backend.name, tag,
                         ", ".join(f"{j.job_id} ({j.state})" for j in left))
+
+
+def _dask_settings(backend: Backend | None, spec: ParallelSpec):
+    """The backend's Dask settings (:meth:`Backend.dask_settings`), held while the cluster lives."""
+    settings = backend.dask_settings(spec) if backend is not None else {}
+    if not settings:
+        return contextlib.nullcontext()
+    import dask
+
+    return dask.config.set(settings)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The Python front door: ESPnet3 202611's entry points, each one a Prefect flow run.
+"""The Python front door: ESPnet3 202611's entry points, each one a Prefect flow run (a finished stage: none).
 
 A recipe's ``run.py`` switches its infer and measure stages to Prefect by changing one import::
 
@@ -19,6 +19,7 @@ is the top layer: the only package module besides ``cli`` that imports the flows
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -39,9 +40,14 @@ from .workload import RunnerJob, importable_from_workers, prepare_job
 
 def infer(config: DictConfig) -> None:
     """Run inference over every test set of ``config`` and write ``<inference_dir>/<test>/<field>.scp``,
-    as ``espnet3.systems.base.inference.infer`` does, as the Prefect flow ``infer``."""
+    as ``espnet3.systems.base.inference.infer`` does, as the Prefect flow ``infer``. When every test
+    set is already done and verified for this config and code, it returns at once: no server, no
+    cluster, no flow run (one INFO line on the ``espnet3_prefect`` logger), as the command line does."""
     plain = _plain(config)
-    preflight(prepare_stages(load_config_input(plain))[0])  # every config error before a server or cluster starts
+    spec, stages = prepare_stages(load_config_input(plain))
+    preflight(spec)  # every config error before a server or cluster starts
+    if _settled(stages):
+        return
     importable_from_workers()
 
     def start():
@@ -122,6 +128,19 @@ def _on_api(start: Callable[[], Any]) -> Any:
 
     with prefect_api():  # before the flow module imports prefect, so every thread sees this API
         return start()
+
+
+def _settled(stages) -> bool:
+    """Whether every test set is already done and verified for this config and code (as the command
+    line checks it): then nothing starts, no server, no cluster, no flow run (one log line says so)."""
+    from .resume import all_complete
+
+    if all_complete(stages) is None:
+        return False
+    logging.getLogger("espnet3_prefect").info(
+        "infer: nothing to run, every test set is done and verified (no server started, no flow run): %s",
+        ", ".join(stage.test_set for stage in stages))
+    return True
 
 
 def _plain(config: Any) -> dict:

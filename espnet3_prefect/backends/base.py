@@ -138,6 +138,11 @@ class Backend:
         """Whether this run's scheduler and workers talk TLS (``spec.tls``, else this env's default)."""
         return self.tls_default if spec.tls is None else bool(spec.tls)
 
+    def dask_settings(self, spec: "ParallelSpec") -> dict:
+        """Dask configuration held in this process while the run's cluster lives (workers started
+        later by adaptive scaling get it too); none by default."""
+        return {}
+
     def certificate_folder(self, spec: "ParallelSpec", context: ClusterContext) -> str | None:
         """Where this run's certificate folder goes when ``parallel.tls`` is on; None: a fresh
         private temporary folder on this machine (see :meth:`RunCertificates.temporary`)."""

@@ -36,3 +36,27 @@ def test_without_worker_preload_workers_start_bare(tmp_path):
     with open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test")) as runner:
         [state] = runner.client.run(_worker_state).values()
     assert state["warmed"] is None and "prefect.task_engine" not in state["loaded"]
+
+
+def _trim_threshold() -> str | None:
+    import os
+
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def test_local_workers_keep_glibc_allocator_thresholds_unless_the_user_sets_one(tmp_path, monkeypatch):
+    """Dask's nanny exports MALLOC_TRIM_THRESHOLD_=65536 to every worker, which makes each large
+    allocation an mmap (a torch model ran 1.7x slower); our local workers do not get it, a value of
+    the user's own does reach them, and the driver's Dask config is as it was after the run."""
+    import dask
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    key = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
+    assert dask.config.get(key) == 65536  # Dask's shipped default, what plain LocalCluster workers get
+    spec = ParallelSpec.from_config({"env": "local", "n_workers": 1, "options": {"dashboard_address": None}})
+    with open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test")) as runner:
+        assert list(runner.client.run(_trim_threshold).values()) == [None]
+    assert dask.config.get(key) == 65536
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
+    with open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test")) as runner:
+        assert list(runner.client.run(_trim_threshold).values()) == ["4096"]
