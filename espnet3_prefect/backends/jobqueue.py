@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from ..errors import one_line
 from ..util import SECRET_VARS, WORKER_PRELOAD, without_secrets
+from .allocator import allocator_exports
 from .base import (LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment, keyword_names, needs_preload,
                    option_error)
 from .tls import RunCertificates
@@ -131,7 +132,7 @@ class JobqueueBackend(Backend):
         exported = exported_environment(context.environ)
         if needs_preload(exported) and WORKER_PRELOAD not in worker_args:
             worker_args += ["--preload", WORKER_PRELOAD]
-        exports = [f"export {k}={shlex.quote(v)}" for k, v in exported.items()]
+        exports = [f"export {k}={shlex.quote(v)}" for k, v in {**allocator_exports(), **exported}.items()]
         prologue = exports + [str(line) for line in options.pop("job_script_prologue", None) or []]
         options.pop("job_name", None)  # used as the prefix of job_name
         options.pop("shared_temp_directory", None)  # where the certificate folder goes (certificate_folder)

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
+from .allocator import allocator_settings
 from .base import LOOPBACK_DASHBOARD, Backend, ClusterContext, keyword_names
 
 
@@ -27,7 +28,7 @@ class LocalBackend(Backend):
         return keyword_names(LocalCluster, Nanny, Worker)
 
     def dask_settings(self, spec) -> dict:
-        """Worker processes keep glibc's own allocator thresholds (see :func:`allocator_settings`)."""
+        """Worker processes keep glibc's own allocator thresholds (:mod:`.allocator`)."""
         return allocator_settings()
 
     def cluster_kwargs(self, spec, context: ClusterContext) -> dict[str, Any]:
@@ -50,32 +51,6 @@ class LocalGpuBackend(LocalBackend):
 
     def before_start(self, spec) -> None:
         check_gpu_count(spec.n_workers, visible_gpu_count())
-
-
-#: the value Dask's nanny puts in ``MALLOC_TRIM_THRESHOLD_`` of every worker process it spawns
-DASK_TRIM_DEFAULT = 65536
-_TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
-
-
-def allocator_settings() -> dict:
-    """Leave ``MALLOC_TRIM_THRESHOLD_`` out of the local workers' environment when it is Dask's shipped
-    default. Setting it at all turns off glibc's adaptive mmap threshold, so every allocation of
-    128 KiB or more (a torch activation, a feature matrix) becomes an mmap, page faults and an munmap:
-    measured 1.7x slower for a conv model and log-mel loading in a Dask worker (docs/benchmarks.md).
-    Another value in the Dask config is kept, and so is a ``MALLOC_TRIM_THRESHOLD_`` in this
-    process's environment: workers inherit it. (A Dask nanny started earlier in this process leaves
-    its value there: Dask sets its pre-spawn variables in the parent's environment.)
-
-    >>> import dask
-    >>> with dask.config.set({_TRIM_KEY: 131072}):
-    ...     allocator_settings()
-    {}
-    """
-    import dask
-
-    if dask.config.get(_TRIM_KEY, None) != DASK_TRIM_DEFAULT:
-        return {}
-    return {_TRIM_KEY: None}  # Dask's nanny drops a pre-spawn variable whose value is None
 
 
 def worker_preload(ours: tuple[str, ...], theirs: Any) -> list[str]:

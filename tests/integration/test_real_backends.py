@@ -336,3 +336,23 @@ def start_served_run(name: str, config_path, serve: subprocess.Popen, work_dir, 
         assert time.monotonic() < deadline, (work_dir / "serve.log").read_text()[-3000:]
         time.sleep(0.5)
     return flow_run, run_tag(str(flow_run.id))
+
+
+def _worker_environ() -> dict:
+    return {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "SLURM_JOB_ID", "JOB_ID")}
+
+
+def test_batch_workers_keep_glibc_allocator_thresholds(batch_backend, tmp_path):
+    """A job's nanny does not export Dask's MALLOC_TRIM_THRESHOLD_ to its worker (the job script says
+    so to Dask), and still sets Dask's other pre-spawn variables."""
+    import logging
+
+    from espnet3_prefect.cluster import open_task_runner
+    from espnet3_prefect.parallel import ParallelSpec
+
+    spec = ParallelSpec.from_config(batch_parallel(batch_backend, n_workers=1))
+    with open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test")) as runner:
+        runner.client.wait_for_workers(1, timeout=120)
+        [environ] = runner.client.run(_worker_environ).values()
+    assert environ["SLURM_JOB_ID"] or environ["JOB_ID"], environ  # the worker is a batch job
+    assert environ["MALLOC_TRIM_THRESHOLD_"] is None and environ["OMP_NUM_THREADS"] == "1", environ

@@ -92,7 +92,9 @@ def test_jobqueue_defaults_and_the_users_options_win(monkeypatch):
     assert kwargs["log_directory"] == "/logs/e3p-abc" and kwargs["job_name"] == "e3p-abc"
     assert kwargs["scheduler_options"] == {"dashboard_address": "127.0.0.1:0"}
     assert kwargs["worker_extra_args"][:2] == ["--dashboard-address", "127.0.0.1:0"]
-    assert kwargs["job_script_prologue"] == ["export PREFECT_API_URL=http://127.0.0.1:4200/api",
+    assert kwargs["job_script_prologue"] == ["export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="
+                                             "'{\"MALLOC_TRIM_THRESHOLD_\": None}'",
+                                             "export PREFECT_API_URL=http://127.0.0.1:4200/api",
                                              "export PYTHONPATH='/my recipe'"]
     assert "interface" not in kwargs  # multi-node clusters keep dask-jobqueue's own choice
     mine = cluster_kwargs(spec(log_directory="/mine", scheduler_options={"dashboard_address": ":9999", "port": 0},
