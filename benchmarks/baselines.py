@@ -76,12 +76,15 @@ def plain_dask(stage: Stage, n_items: int, n_workers: int, num_shards: int, out_
     started = time.perf_counter()
     shards = plan_shards(stage.test_set, n_items, num_shards, stage.work.batch_size, lengths=lengths)
     environ = dict(os.environ)  # Dask's nanny sets its pre-spawn variables here; later runs must not inherit them
-    with dask.config.set(dask_settings or {}), LocalCluster(n_workers=n_workers, threads_per_worker=1, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
-        client.register_plugin(_Env(stage.runner.provider, str(out_dir)))
-        futures = client.map(_shard, [stage.work.runner_cls] * len(shards), shards, pure=False)
-        parts = client.gather(futures)
-    os.environ.clear()
-    os.environ.update(environ)
+    try:
+        with dask.config.set(dask_settings or {}), LocalCluster(n_workers=n_workers, threads_per_worker=1,
+                                                                host="127.0.0.1", dashboard_address="127.0.0.1:0") \
+                as cluster, Client(cluster) as client:
+            client.register_plugin(_Env(stage.runner.provider, str(out_dir)))
+            futures = client.map(_shard, [stage.work.runner_cls] * len(shards), shards, pure=False)
+            parts = client.gather(futures)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
     _merge([Path(p) for p in parts], out_dir, fields)
     return time.perf_counter() - started

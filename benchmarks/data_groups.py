@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from espnet3_prefect.backends.allocator import allocator_settings
+
 from . import audio, baselines, synthetic
 
 if TYPE_CHECKING:
@@ -29,8 +31,6 @@ def prefetch(s: Suite) -> None:
     audio.evict(paths)
     dask_stage = s.stage_of(s.write_config("pf_dask", audio.config(str(s.work / "pf_dask"), n, 1, **PF_MODEL)))
     dask = baselines.plain_dask(dask_stage, n, 1, shards, s.work / "pf_dask_out", fields=fields)
-    from espnet3_prefect.backends.allocator import allocator_settings
-
     audio.evict(paths)  # the same design with our workers' allocator setting: what prefetch alone gains
     dask_glibc = baselines.plain_dask(dask_stage, n, 1, shards, s.work / "pf_dask_glibc", fields=fields,
                                       dask_settings=allocator_settings())
