@@ -37,8 +37,11 @@ def _espnet3_installed() -> bool:
 def resolve_target(path: str) -> str:
     """The class path to import for ``path``: ours for ESPnet3 stock classes when espnet3 is absent.
 
-    >>> resolve_target("espnet3.systems.base.inference_runner.InferenceRunner")
-    'espnet3_prefect.inference_runner.InferenceRunner'
+    >>> stock = "espnet3.systems.base.inference_runner.InferenceRunner"
+    >>> resolve_target(stock) == (stock if _espnet3_installed() else "espnet3_prefect.inference_runner.InferenceRunner")
+    True
+    >>> resolve_target("my_recipe.src.Runner")
+    'my_recipe.src.Runner'
     """
     if path in ESPNET3_ALIASES and not _espnet3_installed():
         return ESPNET3_ALIASES[path]

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install espnet3-prefect with what the demo and the tests need.
+# Create the venv (if missing) and install espnet3-prefect with what the demo and the tests need.
+# E3P_VENV names the venv (default .venv); PYTHON the interpreter it is made with (scripts/python.sh);
+# E3P_CONSTRAINTS a pip constraints file (CI's lowest-versions tier: .ci/constraints-lowest.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  echo "+ $PYTHON -m venv .venv" >&2
-  "$PYTHON" -m venv .venv
+source scripts/python.sh
+VENV=${E3P_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "+ $PYTHON -m venv $VENV" >&2
+  "$PYTHON" -m venv "$VENV"
 fi
-stamp=.venv/.e3p-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "+ pip install -e .[test]" >&2
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored: it is neither" >&2 || true
-  .venv/bin/python -c "import espnet3_prefect, prefect, prefect_dask, torch" >&2
-  touch "$stamp"
+constraints=()
+if [ -n "${E3P_CONSTRAINTS:-}" ]; then constraints=(-c "$E3P_CONSTRAINTS"); fi
+stamp=$VENV/.e3p-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "${E3P_CONSTRAINTS:-}" ] \
+   || { [ -n "${E3P_CONSTRAINTS:-}" ] && [ "$E3P_CONSTRAINTS" -nt "$stamp" ]; }; then
+  echo "+ pip install -e .[test] ${constraints[*]}" >&2
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${constraints[@]}" -e ".[test]" 2>&1 \
+    | grep -v "is ignored: it is neither" >&2 || true
+  "$VENV/bin/python" -c "import espnet3_prefect, prefect, prefect_dask, torch" >&2
+  echo "${E3P_CONSTRAINTS:-}" >"$stamp"
 fi

@@ -4,10 +4,11 @@ import os, sys, tempfile, time
 from dask.distributed import Client, SSHCluster
 
 STATE = os.environ.get("E3P_INFRA_DIR", os.path.join(tempfile.gettempdir(), "e3p-infra"))
-PORT = int(os.environ.get("E3P_SSH_PORT") or open(os.path.join(STATE, "ssh", "port")).read())
-KEY = os.environ.get("E3P_SSH_KEY", os.path.join(STATE, "ssh", "id_ed25519"))
 
 if __name__ == "__main__":
+    # Read when run, never when imported: a module of tests/ must import on a machine with no sshd.
+    PORT = int(os.environ.get("E3P_SSH_PORT") or open(os.path.join(STATE, "ssh", "port")).read())
+    KEY = os.environ.get("E3P_SSH_KEY", os.path.join(STATE, "ssh", "id_ed25519"))
     t0 = time.time()
     with SSHCluster(["127.0.0.1"] * 3,  # first host runs the scheduler, the others one worker each
                     connect_options={"known_hosts": None, "port": PORT, "username": "root",

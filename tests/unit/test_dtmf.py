@@ -198,20 +198,6 @@ def test_collapse() -> None:
     assert collapse([]) == []
 
 
-def test_batch_timing_cpu(decoder: DTMFDecoder) -> None:
-    rng = np.random.default_rng(7)
-    waves = [synthesize(_random_digits(rng), seed=i) for i in range(32)]
-    batch, lengths = collate(waves)
-    decoder(batch, lengths)  # warm-up
-    reps = 10
-    start = time.perf_counter()
-    for _ in range(reps):
-        decoder(batch, lengths)
-    per_item_ms = (time.perf_counter() - start) / reps / len(waves) * 1e3
-    print(f"\nDTMFDecoder CPU: {per_item_ms:.3f} ms/item (batch of 32, "
-          f"{lengths.float().mean().item() / 8000:.2f} s audio/item)")
-
-
 # -- impairments: the demo's test_noisy makes a few real, known errors ---------------------------
 
 @pytest.mark.parametrize("kind", IMPAIRMENTS)

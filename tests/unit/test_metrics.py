@@ -410,16 +410,6 @@ def test_dataset_column_items(tmp_path, test, column, expected):
     assert [p.name for p in (out / test / "dataset").iterdir()] == []  # the partial file is gone
 
 
-def test_dataset_column_values_that_are_not_scalars_need_an_artifact_writer(tmp_path):
-    try:
-        import espnet3_prefect.artifacts  # noqa: F401
-        pytest.skip("the artifacts library is present: covered by its own tests")
-    except ImportError:
-        pass
-    with pytest.raises(BadInputError, match="dataset column 'text' of 'r1' holds a object: writing it as an artifact"):
-        dataset_column_scp(_icfg(tmp_path, tests=("array",)), tmp_path / "inference", "array", "text")
-
-
 def test_dataset_inputs_need_the_inference_config_and_are_planned_once(tmp_path):
     out = tmp_path / "inference"
     scp_pair(out, ["a"], ["a"], test="dev")
