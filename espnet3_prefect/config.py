@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -77,6 +79,21 @@ def _load_line(path: str) -> ListConfig:
 
 
 def _register_resolvers() -> None:
+    """Make ``load_line``, ``self_name`` and ``config_path`` resolvable, once per process.
+
+    With espnet3 installed its own are used: ``espnet3.utils.config_utils`` registers them when it is
+    imported, without replacing, so it must register first (a recipe's dataset builder imports it
+    inside a worker too); ours only fill in what is not registered yet. Either order then works:
+
+    >>> _register_resolvers(); _register_resolvers()
+    >>> all(OmegaConf.has_resolver(n) for n in ("load_line", "self_name", "config_path"))
+    True
+    """
+    if importlib.util.find_spec("espnet3") is not None:
+        try:
+            importlib.import_module("espnet3.utils.config_utils")
+        except ImportError:
+            pass
     for name, fn in (("self_name", lambda value: value), ("config_path", lambda value: value),
                      ("load_line", _load_line)):
         if not OmegaConf.has_resolver(name):

@@ -80,3 +80,24 @@ def test_a_typo_in_a_stock_espnet3_class_name_says_so_and_suggests_the_class():
         "'espnet3.systems.base.inference_provider.InferenceProvider'?")
     with pytest.raises(ConfigError, match="has no attribute 'InferenceRuner'; did you mean 'InferenceRunner'"):
         locate("espnet3_prefect.inference_runner.InferenceRuner", "runner._target_")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("espnet3") is None,
+                    reason="espnet3 is not importable: run in .venv-parity (bash scripts/parity_setup.sh)")
+@pytest.mark.parametrize("first", ["ours", "espnet3"])
+def test_resolvers_do_not_clash_with_espnet3s_whichever_registers_first(tmp_path, first):
+    """ESPnet3's config_utils registers load_line/self_name/config_path on import without replace=True
+    (a recipe's dataset/builder.py imports it, also inside a worker): loading a config first must not
+    make that import fail, and its resolvers then read our per-file paths."""
+    import subprocess
+    import sys
+
+    (tmp_path / "lines.txt").write_text("a\nb\n")
+    write_yaml(tmp_path / "c.yaml", {"words": "${load_line:lines.txt}", "name": "${self_name:}"})
+    ours = ("from espnet3_prefect import load_config; "
+            f"cfg = load_config([{str(tmp_path / 'c.yaml')!r}]); assert list(cfg.words) == ['a', 'b'], cfg; "
+            "assert cfg.name == 'c', cfg")
+    theirs = "import espnet3.utils.config_utils"
+    steps = [ours, theirs] if first == "ours" else [theirs, ours]
+    done = subprocess.run([sys.executable, "-c", "; ".join(steps)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
