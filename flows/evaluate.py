@@ -51,7 +51,9 @@ def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_
         raise ConfigError(f"inference_dir: the metrics config reads {probe.inference_dir} but infer writes "
                           f"{icfg.inference_dir}; drop it from the metrics config or make them equal")
     if probe.get("dataset") is None or probe.dataset.get("test") is None:
-        names = ", ".join(f"{{name: {s.test_set}}}" for s in stages)
+        # ESPnet3's measure() without dataset.test scores inference_dir's folders sorted by name:
+        # the same order here, so metrics.json has upstream's bytes whichever stage writes it.
+        names = ", ".join(f"{{name: {name}}}" for name in sorted(s.test_set for s in stages))
         m_overrides.append(f"+dataset.test=[{names}]")
     mcfg = load_config(as_list(metrics_config), m_overrides)
     mplan = prepare_metrics(mcfg, inference_config=icfg, check_inputs=False)  # dataset: inputs read icfg

@@ -224,3 +224,18 @@ def test_evaluate_rejects_a_different_inference_dir_before_running(prefect_serve
     with pytest.raises(ConfigError, match="inference_dir: the metrics config reads .*elsewhere but infer writes"):
         evaluate(infer_config=[str(icfg)], metrics_config=[str(mcfg)])
     assert not (tmp_path / "inference" / "dev").exists()  # nothing ran
+
+
+def test_evaluate_scores_test_sets_in_upstream_measure_order(tmp_path):
+    """ESPnet3's measure() with no dataset.test in the metrics config scores the inference folders
+    sorted by name; evaluate fills dataset.test in that order, not the inference config's."""
+    from espnet3_prefect.flows.evaluate import plan_evaluation
+
+    (tmp_path / "model.ckpt").write_text("0\n")
+    cfg = word_config(tmp_path)
+    cfg["dataset"]["test"] = [{"name": "valid", "n": 5}, {"name": "test", "n": 5}]
+    icfg = write_yaml(tmp_path / "inference.yaml", cfg)
+    mcfg = write_yaml(tmp_path / "metrics.yaml", {"metrics": [{"metric": {"_target_": WER_T},
+                                                               "inputs": {"ref": "dataset:text", "hyp": "hyp"}}]})
+    plan = plan_evaluation([str(icfg)], [str(mcfg)])
+    assert plan["metrics_plan"].test_sets == ["test", "valid"]
