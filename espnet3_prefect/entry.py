@@ -60,14 +60,27 @@ def infer(config: DictConfig) -> None:
 
 def measure(metrics_config: DictConfig, inference_config: DictConfig | None = None) -> dict:
     """Score every test set and write ``<inference_dir>/metrics.json``, as
-    ``espnet3.systems.base.metric.measure`` does; returns ``{metric class path: {test set: result}}``."""
+    ``espnet3.systems.base.metric.measure`` does; returns ``{metric class path: {test set: result}}``.
+    When nothing it was computed from has changed since the last run (config, metric code, every input
+    file, metrics.json itself: :mod:`espnet3_prefect.metrics_record`), it returns those results at
+    once: no server, no flow run (one INFO line on the ``espnet3_prefect`` logger)."""
+    from .metrics_record import settled_results
+    from .metrics_stage import load_any, load_inference_config, prepare_metrics
+
+    plain = _plain(metrics_config)
+    plain_inference = None if inference_config is None else _plain(inference_config)
+    plan = prepare_metrics(load_any(plain), inference_config=load_inference_config(plain_inference))
+    results = settled_results(plan)  # every config mistake was raised above, before this
+    if results is not None:
+        logging.getLogger("espnet3_prefect").info(
+            "measure: nothing to run, %s is up to date (no server started, no flow run)", plan.output)
+        return results
     importable_from_workers()
 
     def start():
         from .flows.metrics import metrics as metrics_flow
 
-        return metrics_flow(config=_plain(metrics_config),
-                            inference_config=None if inference_config is None else _plain(inference_config))
+        return metrics_flow(config=plain, inference_config=plain_inference)
 
     return _on_api(start)
 

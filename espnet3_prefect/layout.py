@@ -34,6 +34,8 @@ MERGED_RECORD_NAME = ".merged.json"
 RUN_LOCK_NAME = ".espnet3-prefect.lock"
 CACHE_DIR_NAME = ".prefect-cache"
 JOB_LOGS_DIR_NAME = ".dask-jobs"
+#: beside metrics.json in inference_dir: what it was computed from (espnet3_prefect.metrics_record)
+METRICS_RECORD_NAME = ".metrics.record.json"
 #: files of a shard folder that are bookkeeping, not the runner's output (never checksummed)
 SHARD_BOOKKEEPING = (DONE_NAME, SHARD_LOCK_NAME)
 

@@ -2,7 +2,8 @@
 
 config -> validate (every metric instantiated, every binding and SCP input checked) ->
 dataset-column (each ``dataset:<column>`` of each test set written once) -> score (one task per
-metric and test set, streamed) -> metrics.json (ESPnet3 202611's bytes, atomic) -> table artifact.
+metric and test set, streamed) -> metrics.json (ESPnet3 202611's bytes, atomic) + its record (a re-run with nothing changed
+starts no flow: espnet3_prefect.metrics_record) -> table artifact.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from prefect import flow, get_run_logger
 
-from espnet3_prefect.atomic import atomic_write_text
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
-from espnet3_prefect.metrics_stage import (MetricSpec, MetricsPlan, load_any, load_inference_config, metrics_json,
-                                           prepare_metrics)
+from espnet3_prefect.metrics_record import write_results
+from espnet3_prefect.metrics_stage import MetricSpec, MetricsPlan, load_any, load_inference_config, prepare_metrics
 from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.tasks.score import dataset_column, score
 from espnet3_prefect.util import as_list, is_number
@@ -77,7 +77,7 @@ def metrics(config: list[str] | str | dict, overrides: list[str] | None = None, 
                 failures.append(f"{key} on {test_set}: {one_line(exc)}")
     if failures:
         raise Espnet3PrefectError(f"{len(failures)} metric(s) failed: " + "; ".join(failures[:5]))
-    atomic_write_text(plan.output, metrics_json(results))
+    write_results(plan, results)  # metrics.json (ESPnet3's bytes, atomic), then the record a re-run checks
     publish_scores(plan, results)
     logger.info("wrote %s\n%s", plan.output, format_scores(plan, results))
     return results

@@ -77,13 +77,19 @@ def run_infer(args: argparse.Namespace) -> int:
 def run_metrics(args: argparse.Namespace) -> int:
     configs, overrides = configs_of(args)
     i_configs, i_overrides = split_args(args.inference_config)
+    prepared = []
 
     def validate():
         from ..config import load_config
         from ..metrics_stage import load_inference_config, prepare_metrics
 
-        prepare_metrics(load_config(configs, overrides),
-                        inference_config=load_inference_config(i_configs, i_overrides))
+        prepared.append(prepare_metrics(load_config(configs, overrides),
+                                        inference_config=load_inference_config(i_configs, i_overrides)))
+
+    def settled():
+        from ..metrics_record import settled_results
+
+        return settled_results(prepared[0])
 
     def run():
         from ..flows.metrics import metrics
@@ -96,7 +102,7 @@ def run_metrics(args: argparse.Namespace) -> int:
             for test_set, result in per_test.items():
                 print(f"{test_set}: {key}: {json.dumps(result)}")
 
-    return run_stage(args, validate=validate, run=run, show=show)
+    return run_stage(args, validate=validate, run=run, show=show, settled=settled)
 
 
 def run_evaluate(args: argparse.Namespace) -> int:

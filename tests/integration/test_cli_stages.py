@@ -26,6 +26,13 @@ def test_cli_metrics_scores_and_stops_its_server(tmp_path):
     assert list(json.loads((out / "metrics.json").read_text())) == [WER_T]  # the override dropped CER
     assert not (tmp_path / "home" / "server.json").exists()
 
+    # nothing changed: answered from metrics.json and its record, no server started, same output
+    again = subprocess.run([*CLI, "metrics", "--config", str(cfg), only_wer], env=cli_env(tmp_path / "home"),
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to run" in again.stderr and "Prefect API" not in again.stderr, again.stderr[-3000:]
+    assert again.stdout == proc.stdout
+
 
 def test_cli_metrics_reads_dataset_columns_through_the_inference_config(tmp_path):
     from tests.helpers.wordrecipe import word_config

@@ -1,8 +1,9 @@
-"""The drop-in ``espnet3_prefect.infer(config)`` answers a finished stage without a flow run, as the
-command line does; any change to the config is work again."""
+"""The drop-ins ``espnet3_prefect.infer(config)`` and ``measure(metrics_config)`` answer a finished
+stage without a flow run, as the command line does; any change to the config or the inputs is work again."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import datetime, timezone
 
@@ -14,18 +15,33 @@ from tests.conftest import toy_config
 pytestmark = pytest.mark.slow
 
 
-def _infer_runs(inference_dir: str, since) -> list:
-    """The ``infer`` flow runs of this config started since ``since``: the session's server also holds
+def _infer_runs(inference_dir: str, since, flow: str = "infer") -> list:
+    """The ``flow`` runs of this config started since ``since``: the session's server also holds
     other tests' runs (a detached deployment run still finishing, a schedule's future runs)."""
     from prefect import get_client
     from prefect.client.schemas.filters import (FlowFilter, FlowFilterName, FlowRunFilter,
                                                 FlowRunFilterStartTime)
 
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["infer"])),
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])),
                                      flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)))
     return [r for r in runs if isinstance(r.parameters.get("config"), dict)
             and r.parameters["config"].get("inference_dir") == inference_dir]
+
+
+@contextlib.contextmanager
+def _logged():
+    """The ``espnet3_prefect`` logger's INFO lines while the block runs."""
+    logger, lines = logging.getLogger("espnet3_prefect"), _Lines()
+    logger.info("not shown: the default level is WARNING")  # as earlier tests in a full run leave it
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(lines)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
 
 
 class _Lines(logging.Handler):
@@ -49,16 +65,8 @@ def test_dropin_infer_starts_no_flow_run_for_a_finished_stage(prefect_server, tm
 
     # setLevel, not an assignment to .level: it also clears the logger's cached isEnabledFor answers
     # (an earlier INFO record in this process, at the default WARNING, cached "no").
-    logger, lines = logging.getLogger("espnet3_prefect"), _Lines()
-    logger.info("not shown: the default level is WARNING")  # as earlier tests in a full run leave it
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(lines)
-    try:
+    with _logged() as lines:
         assert infer(config) is None
-    finally:
-        logger.removeHandler(lines)
-        logger.setLevel(level)
     assert len(_infer_runs(inference_dir, since)) == 1  # answered here: no flow run, no cluster
     assert any("nothing to run, every test set is done and verified" in line for line in lines.lines), lines.lines
     assert scp.read_bytes() == written
@@ -67,3 +75,31 @@ def test_dropin_infer_starts_no_flow_run_for_a_finished_stage(prefect_server, tm
     assert infer(config) is None
     assert len(_infer_runs(inference_dir, since)) == 2
     assert scp.read_bytes() == written
+
+
+def test_dropin_measure_starts_no_flow_run_when_nothing_changed(prefect_server, tmp_path):
+    from espnet3_prefect import measure
+
+    inference_dir = tmp_path / "inference"
+    for test_set, ref, hyp in (("valid", "u1 a b c\n", "u1 a x c\n"), ("test", "v1 d e\n", "v1 d e\n")):
+        (inference_dir / test_set).mkdir(parents=True)
+        (inference_dir / test_set / "ref.scp").write_text(ref)
+        (inference_dir / test_set / "hyp.scp").write_text(hyp)
+    config = OmegaConf.create({"inference_dir": str(inference_dir), "metrics": [
+        {"metric": {"_target_": "espnet3.systems.esp2_asr.metrics.wer.WER"}, "inputs": {"ref": "ref", "hyp": "hyp"}}]})
+    since = datetime.now(timezone.utc)
+    first = measure(config)
+    written = (inference_dir / "metrics.json").read_bytes()
+    assert list(next(iter(first.values()))) == ["test", "valid"]  # upstream's order: folders sorted
+    assert len(_infer_runs(str(inference_dir), since, "metrics")) == 1
+
+    with _logged() as lines:
+        assert measure(config) == first
+    assert len(_infer_runs(str(inference_dir), since, "metrics")) == 1  # answered here: no flow run
+    assert any("measure: nothing to run" in line for line in lines.lines), lines.lines
+    assert (inference_dir / "metrics.json").read_bytes() == written
+
+    (inference_dir / "valid" / "hyp.scp").write_text("u1 a b c\n")  # a new infer output: scored again
+    again = measure(config)
+    assert len(_infer_runs(str(inference_dir), since, "metrics")) == 2
+    assert next(iter(again.values()))["valid"] != next(iter(first.values()))["valid"]

@@ -1,0 +1,83 @@
+"""A finished metrics stage, recognised without a server: what ``metrics.json`` was computed from.
+
+The flow writes ``<inference_dir>/.metrics.record.json`` after ``metrics.json``: the metrics config's
+fingerprint, the test sets, the source of every metric class, the sha256 of every input file it read
+and of the ``metrics.json`` it wrote. A re-run (the command line's ``metrics``, the drop-in
+``measure()``) whose plan gives the same record, with every file still as recorded, returns the
+recorded results without starting a server or a flow run. Anything else runs the flow: no record
+(e.g. a folder upstream scored), another config or metric code, an input rewritten by a new ``infer``,
+an edited ``metrics.json``. Metrics with ``dataset:`` inputs always run: those columns are read from
+the dataset through the inference config, which no file here fingerprints.
+
+>>> import tempfile
+>>> folder = Path(tempfile.mkdtemp())
+>>> (folder / "test").mkdir(); _ = (folder / "test" / "hyp.scp").write_text("u1 a b\\n")
+>>> plan = MetricsPlan(folder, ["test"], [MetricSpec(0, "k", "k", object(), {"hyp": "hyp"}, False)], "f0")
+>>> settled_results(plan) is None  # nothing recorded yet
+True
+>>> write_results(plan, {"k": {"test": {"n": 1}}}); settled_results(plan)
+{'k': {'test': {'n': 1}}}
+>>> _ = (folder / "test" / "hyp.scp").write_text("u1 a c\\n"); settled_results(plan) is None
+True
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .atomic import atomic_write_text, file_digest
+from .layout import METRICS_RECORD_NAME
+from .metrics_stage import MetricSpec, MetricsPlan, metrics_json  # MetricSpec: for the example above
+from .sizing import code_identity
+
+RECORD_VERSION = 1
+
+
+def write_results(plan: MetricsPlan, results: dict) -> None:
+    """Write ``metrics.json`` (ESPnet3's bytes, atomic), then the record that vouches for it."""
+    atomic_write_text(plan.output, metrics_json(results))
+    record = _expected(plan)
+    if record is not None:
+        record["output"] = file_digest(plan.output)["sha256"]
+        atomic_write_text(_record_path(plan), json.dumps(record, indent=1))
+    else:
+        _record_path(plan).unlink(missing_ok=True)
+
+
+def settled_results(plan: MetricsPlan) -> dict | None:
+    """The recorded results when nothing they were computed from has changed, else None."""
+    expected = _expected(plan)
+    if expected is None or not plan.output.is_file():
+        return None
+    try:
+        record = json.loads(_record_path(plan).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    output = record.pop("output", None) if isinstance(record, dict) else None
+    if record != expected or output != file_digest(plan.output)["sha256"]:
+        return None
+    return json.loads(plan.output.read_text(encoding="utf-8"))
+
+
+def _record_path(plan: MetricsPlan) -> Path:
+    return plan.inference_dir / METRICS_RECORD_NAME
+
+
+def _expected(plan: MetricsPlan) -> dict | None:
+    """The record this plan would write now; None when it cannot vouch (``dataset:`` inputs, a missing input)."""
+    if plan.dataset_columns():
+        return None
+    inputs = {}
+    for spec in plan.metrics:
+        for test_set in plan.test_sets:
+            for path in spec.input_paths(plan.inference_dir, test_set).values():
+                if not path.is_file():
+                    return None
+                inputs[path.relative_to(plan.inference_dir).as_posix()] = file_digest(path)["sha256"]
+    return {"version": RECORD_VERSION, "config": plan.fingerprint, "test_sets": list(plan.test_sets),
+            "code": code_identity(*dict.fromkeys(type(spec.metric) for spec in plan.metrics)),
+            "inputs": dict(sorted(inputs.items()))}
+
+
+__all__ = ["settled_results", "write_results"]
