@@ -6,8 +6,10 @@ and of the ``metrics.json`` it wrote. A re-run (the command line's ``metrics``, 
 ``measure()``) whose plan gives the same record, with every file still as recorded, returns the
 recorded results without starting a server or a flow run. Anything else runs the flow: no record
 (e.g. a folder upstream scored), another config or metric code, an input rewritten by a new ``infer``,
-an edited ``metrics.json``. Metrics with ``dataset:`` inputs always run: those columns are read from
-the dataset through the inference config, which no file here fingerprints.
+an edited ``metrics.json``. ``dataset:`` inputs (e.g. the reference ``dataset:text``) are read from the
+dataset through the inference config: they are vouched for by infer's own completeness check (the
+dataset of the same size and fingerprint as at infer's last merge, :func:`espnet3_prefect.resume.all_complete`),
+whose merge records join the record; without the inference config such metrics always run.
 
 >>> import tempfile
 >>> folder = Path(tempfile.mkdtemp())
@@ -29,7 +31,9 @@ from pathlib import Path
 from .atomic import atomic_write_text, file_digest
 from .layout import METRICS_RECORD_NAME
 from .metrics_stage import MetricSpec, MetricsPlan, metrics_json  # MetricSpec: for the example above
+from .resume import all_complete
 from .sizing import code_identity
+from .stage import prepare_stages
 
 RECORD_VERSION = 1
 
@@ -66,7 +70,8 @@ def _record_path(plan: MetricsPlan) -> Path:
 
 def _expected(plan: MetricsPlan) -> dict | None:
     """The record this plan would write now; None when it cannot vouch (``dataset:`` inputs, a missing input)."""
-    if plan.dataset_columns():
+    inference = _inference_records(plan)
+    if inference is None:
         return None
     inputs = {}
     for spec in plan.metrics:
@@ -77,7 +82,22 @@ def _expected(plan: MetricsPlan) -> dict | None:
                 inputs[path.relative_to(plan.inference_dir).as_posix()] = file_digest(path)["sha256"]
     return {"version": RECORD_VERSION, "config": plan.fingerprint, "test_sets": list(plan.test_sets),
             "code": code_identity(*dict.fromkeys(type(spec.metric) for spec in plan.metrics)),
-            "inputs": dict(sorted(inputs.items()))}
+            "inputs": dict(sorted(inputs.items())), "inference": inference}
+
+
+def _inference_records(plan: MetricsPlan) -> dict | None:
+    """``{test set: sha256 of infer's merge record}`` for the test sets whose ``dataset:`` columns are read
+    ({} when none are), when infer has nothing to do for them; None when that cannot be vouched for."""
+    test_sets = sorted({test_set for test_set, _ in plan.dataset_columns()})
+    if not test_sets:
+        return {}
+    if plan.inference_config is None:
+        return None
+    _, stages = prepare_stages(plan.inference_config)
+    stages = [s for s in stages if s.test_set in test_sets]
+    if len(stages) != len(test_sets) or all_complete(stages) is None:
+        return None
+    return {s.test_set: file_digest(s.layout.merged_record)["sha256"] for s in stages}
 
 
 __all__ = ["settled_results", "write_results"]

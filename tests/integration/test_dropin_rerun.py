@@ -103,3 +103,25 @@ def test_dropin_measure_starts_no_flow_run_when_nothing_changed(prefect_server, 
     again = measure(config)
     assert len(_infer_runs(str(inference_dir), since, "metrics")) == 2
     assert next(iter(again.values()))["valid"] != next(iter(first.values()))["valid"]
+
+
+def test_dropin_measure_with_dataset_inputs_reruns_only_when_the_dataset_changed(prefect_server, tmp_path):
+    """A ``dataset:`` reference is read through the inference config: vouched for by infer's completeness
+    check (same dataset as at its merge), so an unchanged stage answers here, a changed dataset scores again."""
+    from espnet3_prefect import infer, measure
+    from tests.helpers.wordrecipe import word_config
+
+    (tmp_path / "model.ckpt").write_text("0\n")
+    icfg = OmegaConf.create(word_config(tmp_path, n=6))
+    mcfg = OmegaConf.create({"inference_dir": icfg.inference_dir, "metrics": [
+        {"metric": {"_target_": "espnet3.systems.esp2_asr.metrics.wer.WER"},
+         "inputs": {"ref": "dataset:text", "hyp": "hyp"}}]})
+    since = datetime.now(timezone.utc)
+    infer(icfg)
+    first = measure(mcfg, inference_config=icfg)
+    assert measure(mcfg, inference_config=icfg) == first
+    assert len(_infer_runs(icfg.inference_dir, since, "metrics")) == 1  # the second answered here
+
+    icfg.dataset.test[0].n = 5  # another dataset: infer has work, so measure runs again
+    measure(mcfg, inference_config=icfg)
+    assert len(_infer_runs(icfg.inference_dir, since, "metrics")) == 2
