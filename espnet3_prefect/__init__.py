@@ -4,6 +4,7 @@ Public API: the ESPnet3 202611 contracts, the errors, and the entry points a rec
 
     from espnet3_prefect import EnvironmentProvider, InferenceProvider, BaseRunner, InferenceRunner
     from espnet3_prefect import infer, measure          # drop-in for espnet3.systems.base.{inference,metric}
+    from espnet3_prefect import launch                  # drop-in for espnet3.systems.launch.launch (run.py)
     from espnet3_prefect import set_parallel, get_parallel_config, run
     set_parallel(cfg.parallel); runner(range(n))        # a Prefect flow run ``run-runner`` on that cluster
     run(any_runner, indices, parallel=cfg.parallel)     # the same for any runner (real espnet3 classes too)
@@ -16,6 +17,7 @@ from .config import load_config
 from .entry import infer, measure, run
 from .errors import BadInputError, ConfigError, Espnet3PrefectError, ItemError, MissingExtraError
 from .inference_runner import InferenceRunner
+from .launch import launch
 from .provider import EnvironmentProvider, InferenceProvider, resolve_device
 from .runner import BaseRunner
 from .parallel_config import get_parallel_config, set_parallel
@@ -26,5 +28,5 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject.toml re
 __all__ = [
     "BadInputError", "BaseRunner", "ConfigError", "EnvironmentProvider", "Espnet3PrefectError",
     "InferenceProvider", "InferenceRunner", "ItemError", "MissingExtraError", "get_parallel_config", "infer",
-    "load_config", "measure", "prefect_api", "resolve_device", "run", "set_parallel",
+    "launch", "load_config", "measure", "prefect_api", "resolve_device", "run", "set_parallel",
 ]

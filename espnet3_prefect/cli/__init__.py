@@ -2,7 +2,8 @@
 
     espnet3-prefect infer --config conf/inference.yaml [deployments/parallel_local.yaml] [key=value ...]
 
-Also ``metrics``, ``evaluate`` (:mod:`.stages`), ``infer --detach`` (:mod:`.detach`),
+Also ``metrics``, ``evaluate`` (:mod:`.stages`), ``run`` (an ESPnet3 recipe's launcher, :mod:`.recipe`),
+``infer --detach`` (:mod:`.detach`),
 ``deploy-local`` (:mod:`.deploy`), ``cluster-script`` (:mod:`.cluster_script`) and ``servers``
 (:mod:`.servers`). Each module
 registers its subcommands with a ``handler``; :func:`main` parses once and calls it.
@@ -20,7 +21,7 @@ from typing import Sequence
 
 from ..errors import Espnet3PrefectError, one_line
 from ..util import put_on_pythonpath
-from . import cluster_script, deploy, detach, servers, stages
+from . import cluster_script, deploy, detach, recipe, servers, stages
 from .common import split_args
 
 __all__ = ["build_parser", "main", "split_args"]
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     infer = stages.register(sub)  # infer, metrics, evaluate
     detach.register(infer)        # infer --detach
+    recipe.register(sub)          # run (ESPnet3's launcher arguments, passed through)
     deploy.register(sub)          # deploy-local [--stop]
     cluster_script.register(sub)  # cluster-script
     servers.register(sub)         # servers [--stop TARGET]
@@ -43,7 +45,12 @@ def _terminate_cleanly(signum, frame) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "passes_through", False):
+        args.passed_through = rest  # ``run``: ESPnet3's launcher parses them
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     signal.signal(signal.SIGTERM, _terminate_cleanly)
     put_on_pythonpath(os.getcwd())  # recipe modules (src.inference.MyProvider) import on workers and in jobs
     try:

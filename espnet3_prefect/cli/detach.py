@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..errors import Espnet3PrefectError
-from .common import SwitchCommand, configs_of
+from .common import SwitchCommand
 
 
 def register(infer: argparse.ArgumentParser) -> None:
@@ -48,15 +48,17 @@ def find_api(state: str | None) -> tuple[str, str | None]:
 
 
 def run_detach(args: argparse.Namespace) -> int:
-    from ..config import load_config
+    from ..config import load_config_input
     from ..stage import prepare_stages
+    from .stages import infer_input
 
-    configs, overrides = configs_of(args)
-    prepare_stages(load_config(configs, overrides))  # fail here, not in the worker
+    config, overrides = infer_input(args)  # in an ESPnet3 recipe: the launcher's config, resolved
+    prepare_stages(load_config_input(config, overrides))  # fail here, not in the worker
     api_url, auth_string = find_api(args.state_dir)
     name = _deployment_name(args.deployment)
-    parameters = {"config": [str(Path(c).resolve()) for c in configs], "overrides": overrides,
-                  "workdir": os.getcwd()}
+    if isinstance(config, list):
+        config = [str(Path(c).resolve()) for c in config]
+    parameters = {"config": config, "overrides": overrides, "workdir": os.getcwd()}
     flow_run, online = submit(api_url, name, parameters, auth_string)
     ui = api_url[: -len("/api")] if api_url.endswith("/api") else api_url
     print(f"flow run id: {flow_run.id}")

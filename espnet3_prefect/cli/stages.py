@@ -13,12 +13,14 @@ from pathlib import Path
 
 from .common import (add_config, add_server_options, add_verbose, configs_of, console_skips_summary, run_stage,
                      split_args)
+from .recipe import add_recipe_options, stage_input
 
 
 def register(sub) -> argparse.ArgumentParser:
     """Add the three stage commands to ``sub``; returns the ``infer`` parser (``--detach`` joins it)."""
     infer = sub.add_parser("infer", help="run the infer stage (flow 'infer')")
     add_config(infer)
+    add_recipe_options(infer)
     add_server_options(infer)
     add_verbose(infer)
     infer.set_defaults(handler=run_infer)
@@ -28,6 +30,7 @@ def register(sub) -> argparse.ArgumentParser:
     metrics.add_argument("--inference-config", nargs="+", default=[], metavar="FILE_OR_OVERRIDE",
                          help="inference config files, then key=value overrides: the test sets dataset:<column> "
                               "inputs read (and inference_dir when the metrics config has none)")
+    add_recipe_options(metrics)
     add_server_options(metrics)
     add_verbose(metrics)
     metrics.set_defaults(handler=run_metrics)
@@ -42,16 +45,26 @@ def register(sub) -> argparse.ArgumentParser:
     return infer
 
 
-def run_infer(args: argparse.Namespace) -> int:
+def infer_input(args: argparse.Namespace) -> tuple:
+    """``(config, overrides)`` for the flow ``infer``: the files and overrides as given, or inside an
+    ESPnet3 recipe folder the config its launcher would load, resolved (overrides applied)."""
     configs, overrides = configs_of(args)
+    recipe = stage_input(args, "inference", configs, overrides)
+    if recipe is not None:
+        return recipe["inference"], []
+    return [str(Path(c)) for c in configs], overrides
+
+
+def run_infer(args: argparse.Namespace) -> int:
+    config, overrides = infer_input(args)
     prepared = []
 
     def validate():
-        from ..config import load_config
+        from ..config import load_config_input
         from ..parallel import preflight
         from ..stage import prepare_stages
 
-        spec, stages = prepare_stages(load_config(configs, overrides))
+        spec, stages = prepare_stages(load_config_input(config, overrides))
         preflight(spec)
         prepared.extend(stages)
 
@@ -64,7 +77,7 @@ def run_infer(args: argparse.Namespace) -> int:
         from ..flows.infer import infer
 
         with console_skips_summary():
-            return infer(config=[str(Path(c)) for c in configs], overrides=overrides)
+            return infer(config=config, overrides=overrides)
 
     def show(summaries):
         from ..report import format_summary
@@ -77,13 +90,16 @@ def run_infer(args: argparse.Namespace) -> int:
 def run_metrics(args: argparse.Namespace) -> int:
     configs, overrides = configs_of(args)
     i_configs, i_overrides = split_args(args.inference_config)
+    recipe = stage_input(args, "metrics", configs, overrides, inference=(i_configs, i_overrides))
+    if recipe is not None:  # an ESPnet3 recipe: each config as its launcher loads it, resolved
+        configs, overrides = recipe["metrics"], []
+        i_configs, i_overrides = recipe.get("inference"), []
     prepared = []
 
     def validate():
-        from ..config import load_config
-        from ..metrics_stage import load_inference_config, prepare_metrics
+        from ..metrics_stage import load_any, load_inference_config, prepare_metrics
 
-        prepared.append(prepare_metrics(load_config(configs, overrides),
+        prepared.append(prepare_metrics(load_any(configs, overrides),
                                         inference_config=load_inference_config(i_configs, i_overrides)))
 
     def settled():

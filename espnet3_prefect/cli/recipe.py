@@ -1,0 +1,68 @@
+"""ESPnet3 recipes from the shell: ``run`` (the recipe's launcher, parallel stages on Prefect) and the
+recipe loading ``infer``/``metrics`` share (``--training-config``, ``--system``).
+
+    espnet3-prefect run --stages infer measure --training_config conf/training.yaml \\
+        --inference_config conf/inference.yaml --metrics_config conf/metrics.yaml   [--system module.Class]
+    espnet3-prefect infer --config conf/inference_parallel.yaml --training-config conf/training.yaml
+    espnet3-prefect metrics --config conf/metrics.yaml --inference-config conf/inference_parallel.yaml \\
+        --training-config conf/training.yaml
+
+``run`` takes ESPnet3's launcher arguments unchanged (``--stages``, ``--<role>_config``, ``--dry_run``);
+``--system`` defaults to the one system class of ``espnet3.systems.<this folder's name>.system``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+SYSTEM_HELP = ("the ESPnet3 system class, module.Class (default: the system named like this folder, e.g. "
+               "esp2_asr -> espnet3.systems.esp2_asr.system.ASRSystem)")
+
+
+def register(sub) -> None:
+    run = sub.add_parser("run", help="a recipe's stages as its run.py runs them, infer/measure/collect_stats "
+                                     "on Prefect (ESPnet3's launcher arguments)", add_help=False)
+    run.add_argument("--system", default=None, help=SYSTEM_HELP)
+    run.set_defaults(handler=run_recipe, passes_through=True)
+
+
+def add_recipe_options(parser: argparse.ArgumentParser) -> None:
+    """``--training-config`` and ``--system`` for ``infer``/``metrics`` inside an ESPnet3 recipe folder."""
+    parser.add_argument("--training-config", default=None, metavar="FILE",
+                        help="inside an ESPnet3 recipe: the training config whose exp_tag/exp_dir the launcher "
+                             "copies into this stage's config (as run.py --training_config does)")
+    parser.add_argument("--system", default=None, help=SYSTEM_HELP)
+
+
+def run_recipe(args: argparse.Namespace) -> int:
+    from ..launch import default_system, launch, system_from_path
+
+    system = system_from_path(args.system or default_system(Path(os.getcwd())))
+    launch(system, argv=args.passed_through)
+    return 0
+
+
+def stage_input(args: argparse.Namespace, role: str, configs: list[str], overrides: list[str],
+                inference: tuple[list[str], list[str]] = ([], [])) -> dict[str, Any] | None:
+    """In an ESPnet3 recipe folder (espnet3 installed, TEMPLATE defaults for its system): ``{role: config,
+    ["inference": config]}`` as the recipe's launcher loads them (:mod:`espnet3_prefect.recipe_config`),
+    each a resolved mapping for the flow; elsewhere None (files and overrides go to the flow as given)."""
+    from ..recipe_config import load_recipe_configs, template_package
+
+    package = template_package(configs[0], args.system) if configs else None
+    if package is None:
+        if args.training_config:
+            raise ConfigError("--training-config: only for an ESPnet3 recipe (espnet3 installed, the config in the "
+                              "recipe's conf/, the recipe folder named after its system or --system module.Class)")
+        return None
+    return load_recipe_configs(role, configs, overrides, package,
+                               training=[args.training_config] if args.training_config else [],
+                               inference=inference[0], inference_overrides=inference[1])
+
+
+__all__ = ["add_recipe_options", "register", "run_recipe", "stage_input"]

@@ -1,0 +1,184 @@
+"""A recipe's own entry point on Prefect: ``launch(ASRSystem)`` in ``run.py``, or ``espnet3-prefect run``.
+
+ESPnet3's recipes end their ``run.py`` with ``launch(ASRSystem)``. Changing that import to ours runs
+the same stages, with the same arguments (``--stages``, ``--training_config``, ``--inference_config``,
+``--metrics_config``, ...), and configs loaded by ESPnet3's own launcher (the system's ``egs3.TEMPLATE``
+defaults merged under each file, ``exp_tag``/``exp_dir`` copied from the training config,
+``inference_dir`` named after the inference file): only the parallel stages change hands.
+
+    # run.py                                  # was: from espnet3.systems.launch import launch
+    from espnet3.systems.esp2_asr.system import ASRSystem
+    from espnet3_prefect import launch
+
+    if __name__ == "__main__":
+        launch(ASRSystem)
+
+- ``infer``: the Prefect flow ``infer`` (:func:`espnet3_prefect.infer`), on the ``DaskTaskRunner`` built
+  from the inference config's ``parallel`` block; a finished stage starts nothing.
+- ``measure``: the flow ``metrics`` (:func:`espnet3_prefect.measure`); a finished stage starts nothing.
+- ``collect_stats``: ESPnet3's own stage, whose every runner call (one per split) runs as the flow
+  ``run-runner`` on the training config's ``parallel`` block instead of ESPnet3's Dask client.
+- every other stage (``create_dataset``, ``train_tokenizer``, ``train``, pack/upload) runs as ESPnet3
+  runs it, unchanged.
+
+Needs espnet3 installed (``pip install "espnet==202611"``): the launcher, the systems and the TEMPLATE
+configs are ESPnet3's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import ConfigError
+from .parallel_config import DEFAULT_PARALLEL
+
+logger = logging.getLogger("espnet3_prefect")
+
+PREFECT_STAGES = ("infer", "measure", "collect_stats")
+
+
+def launch(system_cls: type, *, conf_package: str | None = None, argv: Sequence[str] | None = None,
+           parser: Any = None) -> None:
+    """ESPnet3's ``launch(system_cls, ...)`` with the parallel stages on Prefect (same arguments)."""
+    espnet3_launch = _espnet3_launch()
+    espnet3_launch(on_prefect(system_cls), conf_package=conf_package, argv=argv, parser=parser)
+
+
+def on_prefect(system_cls: type) -> type:
+    """A subclass of ``system_cls`` whose ``infer``, ``measure`` and ``collect_stats`` run on Prefect.
+
+    It keeps the class's module and name, so ESPnet3 finds the same ``egs3.TEMPLATE`` defaults for it
+    (e.g. ``egs3.TEMPLATE.esp2_asr`` for ``ASRSystem``) and logs the same system name.
+    """
+    if not isinstance(system_cls, type):
+        raise ConfigError(f"launch: expected a system class such as ASRSystem, got {system_cls!r}")
+    if getattr(system_cls, "_espnet3_prefect_base", None) is not None:
+        return system_cls
+    return type(system_cls.__name__, (system_cls,), {
+        "__module__": system_cls.__module__, "__qualname__": system_cls.__qualname__,
+        "__doc__": system_cls.__doc__, "_espnet3_prefect_base": system_cls,
+        "infer": _infer, "measure": _measure, "collect_stats": _collect_stats})
+
+
+def system_from_path(path: str) -> type:
+    """``--system``: a dotted ``module.Class`` path (the recipe folder is importable from the CLI)."""
+    module_name, _, name = path.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"--system: {path!r} is not a dotted path like espnet3.systems.esp2_asr.system.ASRSystem")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--system: cannot import {path!r}: {exc}") from None
+    if not isinstance(found, type):
+        raise ConfigError(f"--system: {path!r} is not a class")
+    return found
+
+
+def default_system(recipe_dir: Path) -> str:
+    """The system of a recipe folder named after it, as ESPnet3 lays them out (``egs3/<corpus>/<system>``):
+    the one system class in ``espnet3.systems.<folder name>.system``."""
+    module_name = f"espnet3.systems.{recipe_dir.name}.system"
+    try:
+        module = importlib.import_module(module_name)
+        base = importlib.import_module("espnet3.systems.base.system").BaseSystem
+    except ImportError:
+        raise ConfigError(f"--system: not given, and {recipe_dir.name!r} (this folder's name) is not an ESPnet3 "
+                          f"system ({module_name} does not import); pass --system module.Class") from None
+    found = [obj for obj in vars(module).values()
+             if isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == module_name]
+    if len(found) != 1:
+        raise ConfigError(f"--system: {module_name} defines {len(found)} system classes; pass --system module.Class")
+    return f"{module_name}.{found[0].__name__}"
+
+
+# -- the stages that change hands ------------------------------------------------------------------
+
+def _infer(self, *args, **kwargs):
+    """Run inference on the configured test sets as the Prefect flow ``infer``."""
+    _no_stage_args("infer", args, kwargs)
+    from .entry import infer
+
+    return infer(self.inference_config)
+
+
+def _measure(self, *args, **kwargs):
+    """Score the inference outputs as the Prefect flow ``metrics``; returns what ESPnet3's measure returns."""
+    _no_stage_args("measure", args, kwargs)
+    from .entry import measure
+
+    result = measure(self.metrics_config, inference_config=self.inference_config)
+    logger.info("results: %s", result)
+    return result
+
+
+def _collect_stats(self, *args, **kwargs):
+    """ESPnet3's collect_stats, each of its runner calls a run of the Prefect flow ``run-runner``."""
+    base = type(self)._espnet3_prefect_base
+    parallel = (self.training_config or {}).get("parallel") or DEFAULT_PARALLEL
+    with espnet3_runners_on_prefect(parallel):
+        return base.collect_stats(self, *args, **kwargs)
+
+
+def _no_stage_args(stage: str, args: tuple, kwargs: dict) -> None:
+    if args or kwargs:
+        raise TypeError(f"stage {stage!r} takes no arguments; put its settings in the YAML config")
+
+
+@contextlib.contextmanager
+def espnet3_runners_on_prefect(parallel: Any) -> Iterator[None]:
+    """While the block runs, ``runner(indices)`` on any ``espnet3.parallel.base_runner.BaseRunner`` is a
+    run of the flow ``run-runner`` on ``parallel`` (:func:`espnet3_prefect.run`), not ESPnet3's Dask client."""
+    from espnet3.parallel.base_runner import BaseRunner
+
+    from .entry import run
+
+    def call(runner, indices):
+        flat, batch_size = _unbatched(list(indices), getattr(runner, "batch_size", None), type(runner).__name__)
+        saved = runner.batch_size
+        runner.batch_size = batch_size
+        try:
+            return run(runner, flat, parallel=parallel)
+        finally:
+            runner.batch_size = saved
+
+    original = BaseRunner.__dict__["__call__"]
+    BaseRunner.__call__ = call
+    try:
+        yield
+    finally:
+        BaseRunner.__call__ = original
+
+
+def _unbatched(indices: list, batch_size: int | None, name: str) -> tuple[list[int], int | None]:
+    """ESPnet3's runners also take ready-made batches (lists of ints, ``batch_size`` None), as its
+    ``collect_stats`` passes them: the flat list and their size, when they are the consecutive chunks
+    ``batch_size`` would form (ours are cut the same way), else a one-line error.
+
+    >>> _unbatched([[0, 1], [2, 3], [4]], None, "R"), _unbatched([0, 1, 2], 2, "R")
+    (([0, 1, 2, 3, 4], 2), ([0, 1, 2], 2))
+    """
+    if batch_size is not None or not indices or not isinstance(indices[0], (list, tuple)):
+        return indices, batch_size
+    size = len(indices[0])
+    flat = [i for batch in indices for i in batch]
+    if size == 0 or [list(b) for b in indices] != [flat[i:i + size] for i in range(0, len(flat), size)]:
+        raise ConfigError(f"{name}: its batches are not consecutive chunks of one size; give a flat list of "
+                          f"indices and set batch_size instead")
+    return flat, size
+
+
+def _espnet3_launch():
+    try:
+        return importlib.import_module("espnet3.systems.launch").launch
+    except ImportError as exc:
+        raise ConfigError(f"launch: ESPnet3's launcher does not import ({exc}); "
+                          f'pip install "espnet[asr]==202611"') from None
+
+
+__all__ = ["PREFECT_STAGES", "default_system", "espnet3_runners_on_prefect", "launch", "on_prefect",
+           "system_from_path"]
