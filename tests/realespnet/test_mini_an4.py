@@ -1,0 +1,117 @@
+"""Our entry points on the real mini_an4 recipe, against the upstream serial oracle (conftest.py).
+
+Every run here uses two Dask workers (conf/inference_parallel.yaml, or the parallel collect_stats
+config) and must reproduce the one-worker upstream outputs: the merged ``*.scp`` of each test set,
+the WER/CER alignments and metrics.json byte for byte; collect_stats' shape files and keys byte for
+byte, its sums up to rounding.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from .compare import inference_problems, snapshot, stats_problems
+from .conftest import METRICS, TRAINING, Recipe
+
+pytestmark = pytest.mark.realespnet
+
+PARALLEL = "conf/inference_parallel.yaml"
+RUN_PREFECT = '''\
+from espnet3.systems.esp2_asr.system import ASRSystem
+from espnet3_prefect import launch
+
+if __name__ == "__main__":
+    launch(ASRSystem)
+'''
+
+
+def cli() -> list[str]:
+    """Our console script from this venv (``python -m espnet3_prefect.cli`` where it is not installed)."""
+    script = Path(sys.executable).parent / "espnet3-prefect"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "espnet3_prefect.cli"]
+
+
+def fresh(folder: Path) -> Path:
+    """``folder`` removed (outputs of an earlier session in a kept work folder); returned."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    return folder
+
+
+def assert_same_as_oracle(recipe: Recipe, ours: Path) -> None:
+    problems = inference_problems(recipe.serial_dir, ours)
+    assert not problems, "ours differs from the upstream serial run:\n" + "\n".join(problems)
+
+
+def run_launcher(recipe: Recipe) -> Path:
+    """(a): ``espnet3-prefect run --stages infer measure`` into exp/training/inference_prefect_a."""
+    if "a" not in recipe.state:
+        conf = recipe.conf_copy(PARALLEL, "inference_prefect_a.yaml")
+        out = fresh(recipe.recipe / "exp" / "training" / "inference_prefect_a")
+        recipe.run("ours_run_infer_measure", [*cli(), "run", "--stages", "infer", "measure", *TRAINING,
+                                              "--inference_config", conf, *METRICS],
+                   label="infer + measure")
+        recipe.state["a"] = out
+    return recipe.state["a"]
+
+
+def test_launcher_infer_measure_matches_upstream(mini_an4):
+    """(a) The recipe-style entry point on Prefect, flags as ESPnet3's launcher takes them."""
+    assert_same_as_oracle(mini_an4, run_launcher(mini_an4))
+
+
+def test_run_py_style_launch_matches_upstream(mini_an4):
+    """(b) A recipe's run.py with our ``launch`` in place of ESPnet3's."""
+    (mini_an4.recipe / "run_prefect.py").write_text(RUN_PREFECT)
+    conf = mini_an4.conf_copy(PARALLEL, "inference_prefect_b.yaml")
+    out = fresh(mini_an4.recipe / "exp" / "training" / "inference_prefect_b")
+    mini_an4.run("ours_run_prefect_py", [sys.executable, "run_prefect.py", "--stages", "infer", "measure",
+                                         *TRAINING, "--inference_config", conf, *METRICS],
+                 label="infer + measure (run_prefect.py)")
+    assert_same_as_oracle(mini_an4, out)
+
+
+def test_plain_cli_infer_then_metrics_matches_upstream(mini_an4):
+    """(c) ``espnet3-prefect infer`` then ``espnet3-prefect metrics`` into one chosen folder."""
+    out = fresh(mini_an4.recipe / "exp" / "training" / "inference_cli")
+    mini_an4.run("ours_cli_infer", [*cli(), "infer", "--config", PARALLEL, f"inference_dir={out}",
+                                    "--training-config", "conf/training.yaml"], label="infer")
+    mini_an4.run("ours_cli_metrics", [*cli(), "metrics", "--config", "conf/metrics.yaml", f"inference_dir={out}",
+                                      "--training-config", "conf/training.yaml",
+                                      "--inference-config", PARALLEL], label="measure")
+    assert_same_as_oracle(mini_an4, out)
+
+
+def test_collect_stats_matches_upstream(mini_an4):
+    """(d) collect_stats on two workers against upstream's one-worker stats."""
+    stats = mini_an4.recipe / "exp"
+    fresh(stats / "stats_parallel")
+    mini_an4.run("ours_collect_stats_parallel",
+                 [*cli(), "run", "--stages", "collect_stats",
+                  "--training_config", "conf/training_asr_streaming_parallel.yaml"],
+                 label="collect_stats (stats_serial)")
+    problems = stats_problems(stats / "stats_serial", stats / "stats_parallel")
+    assert not problems, "collect_stats differs from upstream's serial run:\n" + "\n".join(problems)
+
+
+def test_finished_measure_answers_without_a_server(mini_an4):
+    """(e) ``--stages measure`` again on (a)'s finished folder: nothing runs, no server starts, and
+    metrics.json keeps its bytes."""
+    out = run_launcher(mini_an4)
+    metrics = out / "metrics.json"
+    assert metrics.is_file(), f"(a) left no {metrics}"
+    before = metrics.read_bytes()
+    state = Path(mini_an4.env["ESPNET3_PREFECT_HOME"])
+    state_before = snapshot(state)
+    proc = mini_an4.run("ours_measure_rerun", [*cli(), "run", "--stages", "measure", *TRAINING,
+                                               "--inference_config", "conf/inference_prefect_a.yaml", *METRICS],
+                        label="measure again (finished)")
+    said = proc.stdout + proc.stderr
+    assert "nothing to run" in said.lower(), f"no 'nothing to run' in the output:\n{said}"
+    assert "Prefect API:" not in said, f"a Prefect server was used:\n{said}"
+    assert snapshot(state) == state_before, f"the Prefect state folder {state} changed: a server ran"
+    assert metrics.read_bytes() == before, "metrics.json changed"
