@@ -5,10 +5,11 @@ e.g. ``egs3/mini_an4/esp2_asr``) with espnet3 installed, ``espnet3-prefect infer
 conf/inference_parallel.yaml`` loads the file the way ``python run.py --stages infer ...`` would, with
 ESPnet3's own loader: the system's ``egs3.TEMPLATE.<system>/conf/inference.yaml`` merged under it,
 ``${self_name:}`` the file's stem (``inference_dir: ${exp_dir}/${self_name:}``), relative resolver
-paths from the file's folder; further files merge on top (e.g. ``deployments/parallel_slurm.yaml``),
-then ``key=value`` overrides; then, as the launcher does, ``exp_tag``/``exp_dir`` are copied from
-``--training-config`` (and, for ``metrics``, ``inference_dir`` from ``--inference-config``, its
-overrides included). The result is resolved and goes to the flow as one mapping. Outside a recipe, or without espnet3, configs load as before
+paths from the file's folder; further files merge on top (e.g. ``deployments/parallel_slurm.yaml``);
+then, as the launcher does, ``exp_tag``/``exp_dir`` are copied from ``--training-config`` (and, for
+``metrics``, ``inference_dir`` from ``--inference-config``, its own overrides applied first); the
+command line's ``key=value`` overrides apply last. The result is resolved and goes to the flow as one
+mapping. Outside a recipe, or without espnet3, configs load as before
 (:func:`espnet3_prefect.config.load_config`).
 """
 
@@ -63,9 +64,9 @@ def load_recipe_configs(role: str, files: Sequence[str], overrides: Sequence[str
     load_and_merge, copy_context, validate = _espnet3_loader()
     loaded = {name: _load_role(load_and_merge, name, paths, package) if paths else None
               for name, paths in (("training", training), ("inference", inference), (role, files))}
-    for name, items in ((role, overrides), ("inference", inference_overrides if role != "inference" else ())):
-        for item in items:  # before the context is copied: inference_dir=... reaches the metrics config too
-            _apply_override(loaded[name], item)
+    if role != "inference":
+        for item in inference_overrides:  # before the context is copied: its inference_dir reaches metrics
+            _apply_override(loaded["inference"], item)
     copy_context(training_config=loaded["training"], inference_config=loaded.get("inference"),
                  metrics_config=loaded.get("metrics"), publication_config=None, log=logger)
     try:
@@ -74,6 +75,8 @@ def load_recipe_configs(role: str, files: Sequence[str], overrides: Sequence[str
     except ValueError as exc:
         raise ConfigError(f"{one_line(exc)} (here: pass --training-config conf/training.yaml, whose exp_tag and "
                           f"exp_dir ESPnet3's launcher copies, or set exp_tag)") from None
+    for item in overrides:  # last: what the user says on the command line wins
+        _apply_override(loaded[role], item)
     return {name: OmegaConf.to_container(_resolved(loaded[name]), resolve=True)
             for name in dict.fromkeys((role, "inference")) if loaded.get(name) is not None}
 
