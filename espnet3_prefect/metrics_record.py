@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 
 from .atomic import atomic_write_text, file_digest
+from .errors import ConfigError
 from .layout import METRICS_RECORD_NAME
 from .metrics_stage import MetricSpec, MetricsPlan, metrics_json  # MetricSpec: for the example above
 from .resume import all_complete
@@ -93,7 +94,10 @@ def _inference_records(plan: MetricsPlan) -> dict | None:
         return {}
     if plan.inference_config is None:
         return None
-    _, stages = prepare_stages(plan.inference_config)
+    try:
+        _, stages = prepare_stages(plan.inference_config)
+    except ConfigError:  # e.g. an inference config that only defines the test sets: nothing to vouch with
+        return None
     stages = [s for s in stages if s.test_set in test_sets]
     if len(stages) != len(test_sets) or all_complete(stages) is None:
         return None

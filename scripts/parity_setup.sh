@@ -40,11 +40,8 @@ echo "+ pip install -e .[test] + what upstream infer()/measure() import" >&2
 #   soundfile (espnet3.utils.writer_utils), jiwer (esp2_asr metrics; also in our test extra).
 # (humanfriendly is imported only by espnet2's training and frontend modules, not on this path;
 # dask-jobqueue, which espnet3.parallel.parallel needs to see Dask at all, is in our test extra.)
-# Two more, so that no unit test skips in every CI layer (.ci/run runs the unit tests here too):
-#   librosa (espnet's own dependency; the contract's resampling is compared with upstream's) and our
-#   [kube] extra (the Kubernetes cluster-arguments snapshot test).
-"$py" -m pip install -q --disable-pip-version-check -c "$constraints" -e ".[test,kube]" \
-  typeguard tqdm soundfile jiwer librosa 2>&1 | grep -v "is ignored: it is neither" >&2 || true
+"$py" -m pip install -q --disable-pip-version-check -c "$constraints" -e ".[test]" \
+  typeguard tqdm soundfile jiwer 2>&1 | grep -v "is ignored: it is neither" >&2 || true
 
 wheel_dir="$VENV/wheels"
 mkdir -p "$wheel_dir"

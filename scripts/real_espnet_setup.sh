@@ -8,7 +8,7 @@
 #
 # Order matters: ESPnet is resolved first, then the versions it chose for the packages both
 # sides care about are frozen into a constraints file, so installing this project cannot move
-# torch (our [test] extra pins another torch, hence only `-e .` plus pytest and jiwer here).
+# torch (our [test] extra pins another torch, hence `-e .` with the extras the tests import, plus pytest).
 # prefect wants python-dateutil<3, so pip downgrades it; nothing else changes.
 #
 # Idempotent: the stamp records a hash of pyproject.toml, this script and the interpreter; a
@@ -69,7 +69,9 @@ for name in $PINNED; do
   grep -qiE "^$name==" "$constraints" || fail "$ESPNET_SPEC did not install $name (see $LOGS/freeze-espnet.txt)"
 done
 
-step project "${pip[@]}" install -c "$constraints" -e . pytest jiwer
+# The project with the extras its unit tests import (not [test]: it pins another torch). CI runs the
+# unit tests here too, where the real espnet3 is importable (.ci/run, layer real-espnet).
+step project "${pip[@]}" install -c "$constraints" -e ".[slurm,ssh,kube,metrics,audio]" pytest
 "${pip[@]}" freeze >"$LOGS/freeze-final.txt" || fail "pip freeze failed"
 moved=$(grep -iE "$pattern" "$LOGS/freeze-final.txt" | diff "$constraints" - | grep '^[<>]' | tr '\n' ' ')
 [ -z "$moved" ] || fail "installing the project changed pinned packages: $moved"

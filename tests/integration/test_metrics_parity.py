@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from espnet3_prefect.layout import METRICS_RECORD_NAME
+
 from tests.conftest import ROOT, write_yaml
 from tests.helpers.metrics_recipes import build_inference_dir, write_dataset_hyps, write_scp
 
@@ -123,6 +125,10 @@ def test_metrics_json_and_artifacts_equal_upstream_measure(parity_python, prefec
             "=== SENTENCE 2 ===") == 3
     for name in ("ours", "ours_with_espnet3"):
         got = _tree(runs[name])
+        # besides upstream's files, our one hidden record of what metrics.json was computed from (none
+        # for dataset: inputs here: this inference config defines only the test sets, nothing infer ran)
+        record = got.pop(METRICS_RECORD_NAME, None)
+        assert (record is not None) == (inference_yaml is None), f"{name}: {METRICS_RECORD_NAME}"
         assert sorted(got) == sorted(expected), name
         different = [path for path in expected if got[path] != expected[path]]
         assert not different, f"{name}: {different} differ from upstream measure()'s"

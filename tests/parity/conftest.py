@@ -1,6 +1,7 @@
 """Fixtures of the parity layer: the two venvs, the data, and the session's run pool.
 
-Without ``.venv-parity`` (``bash scripts/parity_setup.sh``) every parity test skips, unless
+Without ``.venv-parity`` (``bash scripts/parity_setup.sh``) or ``$E3P_PARITY_PYTHON`` (a Python where
+ESPnet3 202611 imports, e.g. ``.venv-espnet/bin/python``) every parity test skips, unless
 ``E3P_REQUIRE_PARITY=1`` (CI), where that is a failure. The runs the selected tests need start
 together at the beginning of the session, ``E3P_PARITY_JOBS`` (default 3) at a time.
 """
@@ -25,7 +26,7 @@ def parity_venvs() -> None:
     """Both venvs are there: ``.venv`` without espnet3, ``.venv-parity`` with it."""
     problems = []
     if not python_ok("parity", "import espnet3.systems.base.inference, espnet3.systems.base.metric"):
-        problems.append(f"{PYTHONS['parity']} missing or cannot import espnet3 (run: bash scripts/parity_setup.sh)")
+        problems.append(f"{PYTHONS['parity']} missing or cannot import espnet3 (run: bash scripts/parity_setup.sh, or set E3P_PARITY_PYTHON)")
     if not PYTHONS["venv"].exists():
         problems.append(f"{PYTHONS['venv']} missing (run: bash scripts/setup.sh)")
     elif python_ok("venv", "import espnet3"):

@@ -30,7 +30,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = ROOT / "tests" / "parity" / "recipes"
-PYTHONS = {"venv": ROOT / ".venv" / "bin" / "python", "parity": ROOT / ".venv-parity" / "bin" / "python"}
+# The venv where ESPnet3 202611 imports: $E3P_PARITY_PYTHON (CI: .venv-espnet, the real espnet[train,asr]
+# install), else .venv-parity (scripts/parity_setup.sh: the wheel's espnet3/ beside our dependencies).
+PYTHONS = {"venv": ROOT / ".venv" / "bin" / "python",
+           "parity": Path(os.environ.get("E3P_PARITY_PYTHON") or ROOT / ".venv-parity" / "bin" / "python")}
 RUN_TIMEOUT_S = float(os.environ.get("E3P_PARITY_TIMEOUT", "300"))
 # Orchestration-only setting of ours (Prefect task retries): a failing shard fails at once instead
 # of retrying with delays; it changes nothing a hook sees or an output holds.

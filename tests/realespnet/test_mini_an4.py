@@ -17,7 +17,7 @@ import pytest
 from .compare import inference_problems, snapshot, stats_problems
 from .conftest import METRICS, TRAINING, Recipe
 
-pytestmark = pytest.mark.realespnet
+pytestmark = [pytest.mark.realespnet, pytest.mark.slow]
 
 PARALLEL = "conf/inference_parallel.yaml"
 RUN_PREFECT = '''\
@@ -64,17 +64,6 @@ def test_launcher_infer_measure_matches_upstream(mini_an4):
     assert_same_as_oracle(mini_an4, run_launcher(mini_an4))
 
 
-def test_run_py_style_launch_matches_upstream(mini_an4):
-    """(b) A recipe's run.py with our ``launch`` in place of ESPnet3's."""
-    (mini_an4.recipe / "run_prefect.py").write_text(RUN_PREFECT)
-    conf = mini_an4.conf_copy(PARALLEL, "inference_prefect_b.yaml")
-    out = fresh(mini_an4.recipe / "exp" / "training" / "inference_prefect_b")
-    mini_an4.run("ours_run_prefect_py", [sys.executable, "run_prefect.py", "--stages", "infer", "measure",
-                                         *TRAINING, "--inference_config", conf, *METRICS],
-                 label="infer + measure (run_prefect.py)")
-    assert_same_as_oracle(mini_an4, out)
-
-
 def test_plain_cli_infer_then_metrics_matches_upstream(mini_an4):
     """(c) ``espnet3-prefect infer`` then ``espnet3-prefect metrics`` into one chosen folder."""
     out = fresh(mini_an4.recipe / "exp" / "training" / "inference_cli")
@@ -98,20 +87,23 @@ def test_collect_stats_matches_upstream(mini_an4):
     assert not problems, "collect_stats differs from upstream's serial run:\n" + "\n".join(problems)
 
 
-def test_finished_measure_answers_without_a_server(mini_an4):
-    """(e) ``--stages measure`` again on (a)'s finished folder: nothing runs, no server starts, and
-    metrics.json keeps its bytes."""
+def test_finished_stages_answer_without_a_server_through_run_py(mini_an4):
+    """(b)+(e) A recipe's run.py with our ``launch`` in place of ESPnet3's, on (a)'s finished folder:
+    ``--stages infer measure`` runs nothing, starts no server, and metrics.json keeps its bytes. (The
+    run.py route and ``espnet3-prefect run`` are the same launcher; (a) runs the stages for real.)"""
     out = run_launcher(mini_an4)
     metrics = out / "metrics.json"
     assert metrics.is_file(), f"(a) left no {metrics}"
     before = metrics.read_bytes()
     state = Path(mini_an4.env["ESPNET3_PREFECT_HOME"])
     state_before = snapshot(state)
-    proc = mini_an4.run("ours_measure_rerun", [*cli(), "run", "--stages", "measure", *TRAINING,
-                                               "--inference_config", "conf/inference_prefect_a.yaml", *METRICS],
-                        label="measure again (finished)")
+    (mini_an4.recipe / "run_prefect.py").write_text(RUN_PREFECT)
+    proc = mini_an4.run("ours_rerun_run_prefect_py",
+                        [sys.executable, "run_prefect.py", "--stages", "infer", "measure", *TRAINING,
+                         "--inference_config", "conf/inference_prefect_a.yaml", *METRICS],
+                        label="infer + measure again (run_prefect.py, finished)")
     said = proc.stdout + proc.stderr
-    assert "nothing to run" in said.lower(), f"no 'nothing to run' in the output:\n{said}"
+    assert said.lower().count("nothing to run") == 2, f"not both stages answered without running:\n{said}"
     assert "Prefect API:" not in said, f"a Prefect server was used:\n{said}"
     assert snapshot(state) == state_before, f"the Prefect state folder {state} changed: a server ran"
     assert metrics.read_bytes() == before, "metrics.json changed"

@@ -31,7 +31,7 @@ def test_slurm_options_are_forwarded_and_checked_against_dask_jobqueue():
 @pytest.mark.parametrize("env, extra, module, options", [("kube", "kube", "dask_kubernetes", {"image": "registry/e3p:1"}),
                                                            ("local_gpu", "gpu", "dask_cuda", {})])
 def test_missing_optional_backend_names_the_pip_extra(env, extra, module, options):
-    if importlib.util.find_spec(module) is not None:  # .venv-parity has [kube]; .venv has neither
+    if importlib.util.find_spec(module) is not None:  # .venv-espnet has [kube]; .venv has neither
         pytest.skip(f"{module} is installed here: the error for its absence is checked in .venv")
     spec = ParallelSpec.from_config({"env": env, "options": options})
     with pytest.raises(MissingExtraError, match=f'pip install "espnet3-prefect\\[{extra}\\]"'):
