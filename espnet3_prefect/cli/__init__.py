@@ -60,6 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
         print("error: interrupted; finished shards are kept and a re-run resumes from them", file=sys.stderr)
+        if argv is None:  # the console script: leave now. Our servers and clusters are closed by here;
+            # Prefect's exit hook would wait, without a limit, to send its queued events and logs to
+            # the server this run has just stopped (seen hanging after Ctrl-C on Prefect 3.9).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
     except Exception as exc:  # a failed flow run: Prefect already logged the details
         print(f"error: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
