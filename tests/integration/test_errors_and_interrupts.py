@@ -51,8 +51,12 @@ def test_ctrl_c_keeps_every_finished_shard(tmp_path):
     path = write_yaml(tmp_path / "inference.yaml", cfg)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(ESPNET3_PREFECT_HOME=str(tmp_path / "home"))
+    # Ctrl-C as a terminal sends it: to a process whose SIGINT is not ignored. A test run started in the
+    # background of a non-interactive shell (`.ci/run &`) inherits SIGINT ignored, Python keeps it so
+    # (as `nohup ... &` users expect) and the CLI would never see it: the child gets the default.
     proc = subprocess.Popen([*CLI, "infer", "--config", str(path)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     out = tmp_path / "inference/test_a"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(list(out.glob("split.*/done"))) < 3 and proc.poll() is None:
