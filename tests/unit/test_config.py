@@ -83,7 +83,7 @@ def test_a_typo_in_a_stock_espnet3_class_name_says_so_and_suggests_the_class():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("espnet3") is None,
-                    reason="espnet3 is not importable: run in .venv-parity (bash scripts/parity_setup.sh)")
+                    reason="espnet3 is not importable: run in .venv-espnet (bash scripts/real_espnet_setup.sh)")
 @pytest.mark.parametrize("first", ["ours", "espnet3"])
 def test_resolvers_do_not_clash_with_espnet3s_whichever_registers_first(tmp_path, first):
     """ESPnet3's config_utils registers load_line/self_name/config_path on import without replace=True
