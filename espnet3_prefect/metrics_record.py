@@ -52,15 +52,15 @@ def write_results(plan: MetricsPlan, results: dict) -> None:
 
 def settled_results(plan: MetricsPlan) -> dict | None:
     """The recorded results when nothing they were computed from has changed, else None."""
-    expected = _expected(plan)
-    if expected is None or not plan.output.is_file():
+    # the cheap checks first: no record or an edited metrics.json needs no input hashed, no dataset built
+    if not plan.output.is_file():
         return None
     try:
         record = json.loads(_record_path(plan).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     output = record.pop("output", None) if isinstance(record, dict) else None
-    if record != expected or output != file_digest(plan.output)["sha256"]:
+    if output != file_digest(plan.output)["sha256"] or record != _expected(plan):
         return None
     return json.loads(plan.output.read_text(encoding="utf-8"))
 

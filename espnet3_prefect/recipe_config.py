@@ -29,6 +29,7 @@ from .errors import ConfigError, one_line
 
 logger = logging.getLogger("espnet3_prefect")
 
+
 def template_package(config_file: str | Path, system: str | None = None) -> str | None:
     """The ``egs3.TEMPLATE`` package whose ``conf/`` defaults ESPnet3's launcher merges under this file:
     from ``system`` (a class path, ``--system``) or the recipe folder's name (``conf/..`` of the file);
