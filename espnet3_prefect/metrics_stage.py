@@ -1,4 +1,4 @@
-"""The metrics stage's config (ESPnet3 202611's ``metrics.yaml``), validated before anything is scored.
+"""The metrics stage's config (ESPnet3 202611's ``metrics.yaml``), validated before anything is scored::
 
     inference_dir: exp/asr/inference          # where infer wrote <test>/<field>.scp; else the
                                               # inference config's inference_dir

@@ -51,7 +51,7 @@ def add_server_options(parser: argparse.ArgumentParser, state_dir_help: str = ST
         parser.add_argument("--server-host", default=None, metavar="ADDRESS",
                             help="where the embedded Prefect server listens: an address, interface or host name "
                                  "compute nodes reach (default $ESPNET3_PREFECT_SERVER_HOST, else 127.0.0.1); "
-                                 "anything but loopback turns on basic auth (README: Security)")
+                                 "anything but loopback turns on basic auth (docs/security.md)")
         add_auth_switch(parser, "--server-auth")
 
 

@@ -36,7 +36,7 @@ def register(sub) -> None:
                         help=f"server port (default {DEFAULT_UI_PORT} when free, else a free one)")
     deploy.add_argument("--host", default=None, metavar="ADDRESS",
                         help="where the server listens: an address, interface or host name compute nodes reach "
-                             "(default 127.0.0.1); anything but loopback turns on basic auth (README: Security)")
+                             "(default 127.0.0.1); anything but loopback turns on basic auth (docs/security.md)")
     add_auth_switch(deploy, "--auth")
     deploy.add_argument("--pool", default=DEFAULT_POOL, help="process work pool name (default %(default)s)")
     deploy.add_argument("--project-dir", default=None,

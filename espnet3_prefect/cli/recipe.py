@@ -1,5 +1,5 @@
 """ESPnet3 recipes from the shell: ``run`` (the recipe's launcher, parallel stages on Prefect) and the
-recipe loading ``infer``/``metrics`` share (``--training-config``, ``--system``).
+recipe loading ``infer``/``metrics`` share (``--training-config``, ``--system``)::
 
     espnet3-prefect run --stages infer measure --training_config conf/training.yaml \\
         --inference_config conf/inference.yaml --metrics_config conf/metrics.yaml   [--system module.Class]

@@ -1,4 +1,4 @@
-"""The Prefect API served beyond loopback, with basic auth (README: Security), for real.
+"""The Prefect API served beyond loopback, with basic auth (docs/security.md), for real.
 
 * The command line serves its embedded server on a non-loopback address: auth turns on, the API refuses
   calls without the credential (401), the run's workers record their task runs with it, and the credential
