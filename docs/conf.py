@@ -45,7 +45,7 @@ myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence", "deflist"]
 
 # API reference from the docstrings (they use Sphinx roles and doctest examples).
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"members": True, "undoc-members": True, "ignore-module-all": True, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_mock_imports = ["espnet3", "espnet2", "dask_cuda", "dask_kubernetes", "asyncssh"]
@@ -114,6 +114,27 @@ def _api_page(app, docname, source):
     source[0] = source[0].replace("%% public api\n", _public_api()).replace("%% api modules\n", "\n".join(blocks))
 
 
+def _our_short_names(app, env, node, contnode):
+    """A docstring's ``:class:`ConfigError``` written in a module that does not define it: resolved to
+    the one object of ours with that name (Sphinx looks only in the current module and at top level)."""
+    if node.get("refdomain") != "py":
+        return None
+    from sphinx.util.nodes import make_refnode
+
+    domain = env.get_domain("py")
+    target = node["reftarget"].lstrip(".~")
+    package, _, public = target.partition(".")
+    if package == "espnet3_prefect" and public in espnet3_prefect.__all__:  # a re-export: where it is defined
+        target = f"{getattr(espnet3_prefect, public).__module__}.{public}"
+    found = [(name, entry) for name, entry in domain.find_obj(env, None, None, target, node["reftype"], 1)
+             if name.startswith("espnet3_prefect.")]
+    if len(found) != 1:
+        return None
+    name, entry = found[0]
+    return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, name)
+
+
 def setup(app):
+    app.connect("missing-reference", _our_short_names)
     app.connect("source-read", _optional_pages)
     app.connect("source-read", _api_page)
