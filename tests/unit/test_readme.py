@@ -314,3 +314,24 @@ def test_cluster_script_commands_run_as_written():
     result = run_as_written(command, ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "#SBATCH -p debug" in result.stdout and "nothing was submitted" in result.stderr
+
+
+def offline_inventories():
+    spec = importlib.util.spec_from_file_location("offline_inventories", DOCS / "_ext" / "offline_inventories.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_intersphinx_names_import_from_the_installed_packages_and_cover_the_pages():
+    """The site's links into Prefect, Dask, distributed and dask-jobqueue come from inventories written at
+    build time (nothing is downloaded): every listed name must import from the installed package, and
+    every role on a page that names one of those projects must be listed (else it renders unlinked)."""
+    pytest.importorskip("dask_jobqueue", reason="pip install \"espnet3-prefect[slurm]\"")
+    inventories = offline_inventories()
+    listed = {name for project in inventories.PROJECTS for name, _, _ in inventories.entries(project)}
+    external = ("prefect", "prefect_dask", "dask", "distributed", "dask_jobqueue")
+    for page, text in PAGES.items():
+        for target in re.findall(r"\{(?:py:)?(?:class|func|meth|mod|obj|data|attr)\}`~?([\w.]+)`", text):
+            if target.split(".")[0] in external:
+                assert target in listed, f"{page}: {target} is not in docs/_ext/offline_inventories.py"
