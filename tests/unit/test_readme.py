@@ -335,3 +335,19 @@ def test_intersphinx_names_import_from_the_installed_packages_and_cover_the_page
         for target in re.findall(r"\{(?:py:)?(?:class|func|meth|mod|obj|data|attr)\}`~?([\w.]+)`", text):
             if target.split(".")[0] in external:
                 assert target in listed, f"{page}: {target} is not in docs/_ext/offline_inventories.py"
+
+
+def test_metric_files_the_pages_name_are_the_files_wer_and_cer_write(tmp_path):
+    """The README and the quickstart name the alignment files of the demo's test_noisy; they are the
+    files our WER and CER write into a test set's folder (no `.txt`, no brace pattern)."""
+    pytest.importorskip("jiwer", reason="pip install \"espnet3-prefect[metrics]\"")
+    from espnet3_prefect.metrics import CER, WER
+
+    (tmp_path / "ref.scp").write_text("u1 a b c d\n")
+    (tmp_path / "hyp.scp").write_text("u1 a x c\n")
+    for metric in (WER(), CER()):
+        metric({"ref": tmp_path / "ref.scp", "hyp": tmp_path / "hyp.scp"}, "test_noisy", tmp_path)
+    written = {path.name for path in (tmp_path / "test_noisy").iterdir()}
+    for page in ("README.md", "docs/quickstart.md", "docs/metrics.md"):
+        named = {name.rstrip(".") for name in re.findall(r"([\w{},]+_alignment[\w.]*)", PAGES[page])}
+        assert named and named <= written, f"{page} names {sorted(named)}; WER and CER write {sorted(written)}"
