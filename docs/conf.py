@@ -28,7 +28,6 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.intersphinx",
-    "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
 ]
 source_suffix = {".md": "markdown"}
@@ -50,8 +49,6 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_mock_imports = ["espnet3", "espnet2", "dask_cuda", "dask_kubernetes", "asyncssh"]
 autosummary_generate = False
-napoleon_google_docstring = True
-napoleon_numpy_docstring = False
 
 # Intersphinx offline: inventories written at build time from the installed packages
 # (docs/_ext/offline_inventories.py says why and how); nothing is downloaded.
