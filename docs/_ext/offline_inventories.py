@@ -54,8 +54,8 @@ PROJECTS: dict[str, tuple[str, str, dict[str, str]]] = {
         "prefect.task_runners.ThreadPoolTaskRunner": "prefect-task_runners#threadpooltaskrunner",
     }),
     "prefect_dask": ("prefect-dask", "https://docs.prefect.io/integrations/prefect-dask/", {
-        "prefect_dask.DaskTaskRunner": "index#dasktaskrunner",
-        "prefect_dask.task_runners.DaskTaskRunner": "index#dasktaskrunner",
+        "prefect_dask.DaskTaskRunner": "index#run-tasks-on-dask",
+        "prefect_dask.task_runners.DaskTaskRunner": "index#run-tasks-on-dask",
     }),
 }
 
