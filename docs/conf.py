@@ -53,6 +53,7 @@ autosummary_generate = False
 # Intersphinx offline: inventories written at build time from the installed packages
 # (docs/_ext/offline_inventories.py says why and how); nothing is downloaded.
 intersphinx_mapping = offline_inventories.intersphinx_mapping(DOCS / "_build" / "inventories")
+intersphinx_cache_limit = 0  # re-read them on every build (they are local files, written just now)
 
 # Pages other branches add (checkpoints.md, runs.md): listed in the toctree when present, so the
 # site builds with or without them.
