@@ -115,16 +115,7 @@ class RunCertificates:
         """Generate a certificate and key and write them (0600) to the folder (0700, made here; a
         folder left by an earlier attempt of the same run is replaced)."""
         cert_pem, key_pem = generate_pem()
-        self.directory.parent.mkdir(parents=True, exist_ok=True)
-        if self.directory.is_symlink():
-            raise ConfigError(f"{self.directory}: is a symbolic link, refusing to write TLS keys there")
-        if self.directory.exists() and any(self.directory.iterdir()):
-            shutil.rmtree(self.directory)  # left by an earlier attempt of this run
-        if not self.directory.exists():
-            os.mkdir(self.directory, 0o700)
-        if self.directory.stat().st_uid != os.getuid():
-            raise ConfigError(f"{self.directory}: belongs to another user, refusing to write TLS keys there")
-        os.chmod(self.directory, 0o700)  # whatever the umask
+        private_folder(self.directory)
         write_private(self.cert_file, cert_pem)
         write_private(self.key_file, key_pem)
         return self
@@ -148,6 +139,22 @@ class RunCertificates:
 
     def __repr__(self) -> str:
         return f"RunCertificates({str(self.directory)!r})"
+
+
+def private_folder(directory: Path) -> Path:
+    """``directory`` empty and 0700 (made here, whatever the umask; what an earlier attempt left in it
+    is removed), the user's own and no symbolic link: where key files may be written."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    if directory.is_symlink():
+        raise ConfigError(f"{directory}: is a symbolic link, refusing to write TLS keys there")
+    if directory.exists() and any(directory.iterdir()):
+        shutil.rmtree(directory)  # left by an earlier attempt
+    if not directory.exists():
+        os.mkdir(directory, 0o700)
+    if directory.stat().st_uid != os.getuid():
+        raise ConfigError(f"{directory}: belongs to another user, refusing to write TLS keys there")
+    os.chmod(directory, 0o700)  # whatever the umask
+    return directory
 
 
 def write_private(path: Path, text: str) -> None:
