@@ -22,7 +22,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backends.tls import private_folder, write_private
+from .util import private_folder, write_private
 
 TLS_DIR_NAME = "api-tls"
 CA_NAME, CERT_NAME, KEY_NAME = "ca.pem", "cert.pem", "key.pem"

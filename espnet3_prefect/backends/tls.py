@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..util import private_folder, write_private
 
 CERT_NAME = "cert.pem"
 KEY_NAME = "key.pem"
@@ -139,29 +140,6 @@ class RunCertificates:
 
     def __repr__(self) -> str:
         return f"RunCertificates({str(self.directory)!r})"
-
-
-def private_folder(directory: Path) -> Path:
-    """``directory`` empty and 0700 (made here, whatever the umask; what an earlier attempt left in it
-    is removed), the user's own and no symbolic link: where key files may be written."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    if directory.is_symlink():
-        raise ConfigError(f"{directory}: is a symbolic link, refusing to write TLS keys there")
-    if directory.exists() and any(directory.iterdir()):
-        shutil.rmtree(directory)  # left by an earlier attempt
-    if not directory.exists():
-        os.mkdir(directory, 0o700)
-    if directory.stat().st_uid != os.getuid():
-        raise ConfigError(f"{directory}: belongs to another user, refusing to write TLS keys there")
-    os.chmod(directory, 0o700)  # whatever the umask
-    return directory
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to a new file only the user can read (0600 from the start, never a symlink)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
 
 
 def generate_pem() -> tuple[str, str]:
