@@ -346,6 +346,35 @@ def test_a_client_file_the_node_cannot_read_fails_the_run_on_one_line(slurm, ser
     assert time.monotonic() - started < 240
 
 
+@pytest.mark.slurm
+def test_a_server_of_your_own_over_https_with_your_ca_serves_batch_workers(slurm, served, tmp_path):
+    """``PREFECT_API_URL=https://...`` with ``PREFECT_API_SSL_CERT_FILE`` (your CA) and a credential: no
+    embedded server; SLURM workers verify your server with your CA file through the external client file."""
+    creds = served["creds"]  # stands in for your server: HTTPS with its own authority, basic auth
+    cfg = toy_config(tmp_path, n=6, num_shards=2)
+    cfg["dataset"]["test"][0]["name"] = "own_server"
+    cfg["runner"]["_target_"] = "tests.helpers.toy.JobRecordingRunner"
+    cfg["provider"]["params"].update(job_log=str(tmp_path / "jobs.log"))
+    cfg["parallel"] = batch_parallel(slurm, n_workers=1, num_shards=2)
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    home = tmp_path / "own-home"
+    env = {**cli_env(home), "PREFECT_API_URL": creds.api_url, "PREFECT_API_AUTH_STRING": creds.auth_string,
+           "PREFECT_API_SSL_CERT_FILE": creds.ssl_cert_file}
+    tls_flag = subprocess.run([*CLI, "infer", "--config", str(path), "--server-tls"], env=env, capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+    assert tls_flag.returncode != 0 and "--server-tls: PREFECT_API_URL is set" in tls_flag.stderr
+    proc = subprocess.run([*CLI, "infer", "--config", str(path)], env=env, capture_output=True, text=True,
+                          timeout=500, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    external = read_client_file(home / "api-client-external.json")
+    assert (external.api_url, external.ssl_cert_file) == (creds.api_url, creds.ssl_cert_file)
+    assert not (home / "server.json").exists() and not (home / "api-tls").exists()  # no embedded server
+    jobs = {line.split()[0] for line in (tmp_path / "jobs.log").read_text().splitlines()}
+    assert jobs and all(j.isdigit() for j in jobs), jobs
+    shards = {n: s for n, s in recorded(creds)["tasks"].items() if n.startswith("run-shard-own_server")}
+    assert len(shards) == 2 and set(shards.values()) == {"COMPLETED"}, shards
+
+
 @pytest.mark.ssh
 def test_ssh_workers_record_task_runs_through_the_client_file(sshd, served, tmp_path):
     creds = served["creds"]
