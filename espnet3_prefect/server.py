@@ -3,7 +3,9 @@
 Without ``PREFECT_API_URL`` each process that runs a Prefect task would start its own temporary
 server on one SQLite file (slow, "database is locked"). :func:`prefect_api` instead starts one
 server (or reuses the one a concurrent run started), exports its URL so that Dask workers and
-batch jobs inherit it, and stops it when the last user leaves.
+batch jobs inherit it, and stops it when the last user leaves. Beyond loopback it asks for basic
+auth (:mod:`~espnet3_prefect.api_auth`) and serves HTTPS with a certificate made for that start
+(:mod:`~espnet3_prefect.api_tls`, launched by :mod:`~espnet3_prefect.api_serve`).
 
 State (database, logs, pids) lives in a per-project folder (:func:`state_dir`): the default is
 ``<project>/.e3p/prefect``, where ``<project>`` is the git checkout the command runs in (else the
