@@ -2,11 +2,13 @@
 hands the URL and credential to every client (the CLI, deploy-local's worker, local and remote Dask
 workers). Where the server listens is :mod:`espnet3_prefect.api_host`'s.
 
-Loopback (the default) runs as before: no credential. Any other address turns on Prefect's
+Loopback (the default) runs as before: no credential, plain HTTP. Any other address turns on Prefect's
 self-hosted basic auth: the server gets ``PREFECT_SERVER_API_AUTH_STRING`` in its environment
 (never on its command line), the clients ``PREFECT_API_AUTH_STRING``. The credential is generated
 here (``secrets``) and written with the URL to ``<state dir>/api-client.json``, mode 0600, which
-the user's own processes on any node can read and other users cannot. Batch jobs and SSH workers
+the user's own processes on any node can read and other users cannot. With HTTPS
+(:mod:`espnet3_prefect.api_tls`) the file also names the certificate clients verify the server with
+(``ssl_cert_file``, Prefect's ``PREFECT_API_SSL_CERT_FILE``). Batch jobs and SSH workers
 get only the file's path (:data:`~espnet3_prefect.util.CLIENT_FILE_VAR`); the Dask worker preload
 :mod:`espnet3_prefect.worker_api` reads it when the worker starts.
 """
@@ -14,6 +16,7 @@ get only the file's path (:data:`~espnet3_prefect.util.CLIENT_FILE_VAR`); the Da
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -36,24 +39,40 @@ class CredentialFileError(Espnet3PrefectError):
 
 @dataclass(frozen=True)
 class ClientCredentials:
-    """What a Prefect client needs: the API URL and, with auth on, the basic-auth string ``user:secret``."""
+    """What a Prefect client needs: the API URL, with auth on the basic-auth string ``user:secret``, and
+    for ``https://`` the certificate (authority) file the server is verified with (``ssl_cert_file``)."""
 
     api_url: str
     auth_string: str | None = None
     api_key: str | None = None
     source: str | None = None  # the client file these came from, if any
+    ssl_cert_file: str | None = None
 
     def __repr__(self) -> str:  # never print a secret by accident
-        return f"ClientCredentials(api_url={self.api_url!r}, auth={'yes' if self.auth_string or self.api_key else 'no'})"
+        return (f"ClientCredentials(api_url={self.api_url!r}, auth={'yes' if self.auth_string or self.api_key else 'no'}"
+                f", ssl_cert_file={self.ssl_cert_file!r})")
 
     def environ(self) -> dict[str, str]:
-        """The Prefect client variables for these credentials."""
+        """The Prefect client variables for these credentials (with a certificate file: verification
+        on, whatever the shell said)."""
         env = {"PREFECT_API_URL": self.api_url}
         if self.auth_string:
             env["PREFECT_API_AUTH_STRING"] = self.auth_string
         if self.api_key:
             env["PREFECT_API_KEY"] = self.api_key
+        if self.ssl_cert_file:
+            env.update(PREFECT_API_SSL_CERT_FILE=self.ssl_cert_file, PREFECT_API_TLS_INSECURE_SKIP_VERIFY="false")
         return env
+
+    def sync_client(self):
+        """A ``SyncPrefectClient`` for these credentials, verifying ``https://`` with ``ssl_cert_file``
+        whatever this process's Prefect settings say."""
+        from prefect.client.orchestration import SyncPrefectClient
+
+        from .api_tls import client_context
+
+        httpx = {"verify": client_context(self.ssl_cert_file)} if self.api_url.startswith("https://") else None
+        return SyncPrefectClient(self.api_url, auth_string=self.auth_string, api_key=self.api_key, httpx_settings=httpx)
 
 
 def new_auth_string() -> str:
@@ -79,6 +98,8 @@ def write_client_file(path: str | os.PathLike, creds: ClientCredentials) -> Path
     record: dict = {"api_url": creds.api_url, "auth_string": creds.auth_string}
     if creds.api_key:
         record["api_key"] = creds.api_key
+    if creds.ssl_cert_file:
+        record["ssl_cert_file"] = creds.ssl_cert_file
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w") as handle:
@@ -94,7 +115,8 @@ def write_client_file(path: str | os.PathLike, creds: ClientCredentials) -> Path
 
 def read_client_file(path: str | os.PathLike) -> ClientCredentials:
     """The credentials in a client file, checked: a regular file of the user's, not readable by group or
-    others (0600), JSON with an ``http(s)://`` ``api_url``; every failure is one line naming the file."""
+    others (0600), JSON with an ``http(s)://`` ``api_url`` (and for ``https://`` maybe an
+    ``ssl_cert_file`` this node can read); every failure is one line naming the file."""
     path = Path(path)
     where = f"Prefect client file {path}"
     try:
@@ -133,7 +155,23 @@ def read_client_file(path: str | os.PathLike) -> ClientCredentials:
         values[key] = value
     if values["auth_string"] is not None and ":" not in values["auth_string"]:
         raise CredentialFileError(f"{where}: auth_string must read user:password")
-    return ClientCredentials(url, values["auth_string"], values["api_key"], source=str(path))
+    return ClientCredentials(url, values["auth_string"], values["api_key"], source=str(path),
+                             ssl_cert_file=_cert_file(record.get("ssl_cert_file"), url, where))
+
+
+def _cert_file(value, url: str, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise CredentialFileError(f"{where}: ssl_cert_file must be the path of a certificate file")
+    if not url.startswith("https://"):
+        raise CredentialFileError(f"{where}: ssl_cert_file is for an https:// api_url, got {url!r}")
+    try:
+        with open(value, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise CredentialFileError(f"{where}: ssl_cert_file {value}: cannot read it ({exc.strerror})") from None
+    return value
 
 
 def load_client_environ(environ: MutableMapping[str, str] | None = None) -> ClientCredentials | None:
@@ -154,10 +192,12 @@ def load_client_environ(environ: MutableMapping[str, str] | None = None) -> Clie
 EXTERNAL_CLIENT_FILE_NAME = "api-client-external.json"
 
 
-def server_client(home: Path, info: Mapping, *, wanted_host: str | None, wanted_auth: bool) -> ClientCredentials:
+def server_client(home: Path, info: Mapping, *, wanted_host: str | None, wanted_auth: bool,
+                  wanted_tls: bool = False) -> ClientCredentials:
     """The credentials for the embedded server recorded in ``home`` (``info``: its ``server.json``);
-    one line when that server does not listen where asked or lacks the auth asked for."""
+    one line when that server does not listen where asked or lacks the auth or HTTPS asked for."""
     running_host, running_auth = info.get("host", "127.0.0.1"), bool(info.get("auth"))
+    running_tls = bool(info.get("tls"))
     stop = f"stop it first (espnet3-prefect servers --stop {info.get('pid')}) or use another --state-dir"
     if wanted_host and running_host != wanted_host:
         raise ConfigError(f"--server-host {wanted_host}: the Prefect server of state dir {home} already runs on "
@@ -165,7 +205,10 @@ def server_client(home: Path, info: Mapping, *, wanted_host: str | None, wanted_
     if wanted_auth and not running_auth:
         raise ConfigError(f"the Prefect server of state dir {home} already runs without auth on "
                           f"{info.get('api_url')} (pid {info.get('pid')}); {stop}")
-    if not running_auth:
+    if wanted_tls and not running_tls:
+        raise ConfigError(f"the Prefect server of state dir {home} already runs without HTTPS on "
+                          f"{info.get('api_url')} (pid {info.get('pid')}); {stop}")
+    if not (running_auth or running_tls):
         return ClientCredentials(str(info["api_url"]))
     creds = read_client_file(client_file(home))
     if creds.api_url != info["api_url"]:
@@ -177,7 +220,8 @@ def server_client(home: Path, info: Mapping, *, wanted_host: str | None, wanted_
 def external_client(state: Callable[[], Path]) -> ClientCredentials | None:
     """With ``$PREFECT_API_URL`` (a server of the user's): the client file workers on other nodes read,
     or None when the shell holds no credential (then workers need none either). ``$ESPNET3_PREFECT_CLIENT_FILE``
-    when set (checked now), else ``$PREFECT_API_AUTH_STRING``/``$PREFECT_API_KEY`` written to
+    when set (checked now), else ``$PREFECT_API_AUTH_STRING``/``$PREFECT_API_KEY`` (and the
+    ``$PREFECT_API_SSL_CERT_FILE`` your server is verified with) written to
     ``<state dir>/api-client-external.json`` (0600); ``state()`` gives the state dir."""
     if os.environ.get(CLIENT_FILE_VAR):
         creds = read_client_file(os.environ[CLIENT_FILE_VAR])
@@ -188,9 +232,11 @@ def external_client(state: Callable[[], Path]) -> ClientCredentials | None:
     auth_string, api_key = os.environ.get("PREFECT_API_AUTH_STRING"), os.environ.get("PREFECT_API_KEY")
     if not (auth_string or api_key):
         return None
-    creds = ClientCredentials(os.environ["PREFECT_API_URL"], auth_string or None, api_key or None)
+    url, cert = os.environ["PREFECT_API_URL"], os.environ.get("PREFECT_API_SSL_CERT_FILE") or None
+    creds = ClientCredentials(url, auth_string or None, api_key or None,
+                              ssl_cert_file=str(Path(cert).resolve()) if cert and url.startswith("https://") else None)
     path = write_client_file(state() / EXTERNAL_CLIENT_FILE_NAME, creds)
-    return ClientCredentials(creds.api_url, creds.auth_string, creds.api_key, source=str(path))
+    return dataclasses.replace(creds, source=str(path))
 
 
 def exported_client_env(creds: ClientCredentials, home: Path | None = None) -> dict[str, str]:
@@ -216,11 +262,14 @@ def exported(creds: ClientCredentials | None, home: Path | None = None) -> Itera
     saved = {k: os.environ.get(k) for k in updates}
     os.environ.update(updates)
     try:
-        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+        from prefect.settings import (PREFECT_API_AUTH_STRING, PREFECT_API_SSL_CERT_FILE,
+                                      PREFECT_API_TLS_INSECURE_SKIP_VERIFY, PREFECT_API_URL, temporary_settings)
 
         settings = {PREFECT_API_URL: creds.api_url}
         if creds.auth_string:
             settings[PREFECT_API_AUTH_STRING] = creds.auth_string
+        if creds.ssl_cert_file:
+            settings.update({PREFECT_API_SSL_CERT_FILE: creds.ssl_cert_file, PREFECT_API_TLS_INSECURE_SKIP_VERIFY: False})
         with temporary_settings(updates=settings):
             yield
     finally:

@@ -1,6 +1,7 @@
 """Where the embedded Prefect server listens (``--server-host``, ``deploy-local --host``): an address, a
-network interface or a host name, and whether it must ask for auth there (off loopback: always).
-The credential itself is :mod:`espnet3_prefect.api_auth`'s.
+network interface or a host name, whether it must ask for auth there (off loopback: always) and
+whether it serves HTTPS (off loopback: unless turned off, never together with auth). The credential
+itself is :mod:`espnet3_prefect.api_auth`'s, the certificate :mod:`espnet3_prefect.api_tls`'s.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def _interface_address(name: str) -> str | None:
     return socket.inet_ntoa(packed[20:24])
 
 
+def interface_addresses() -> list[str]:
+    """The IPv4 addresses of this machine's network interfaces (loopback included)."""
+    found = (_interface_address(name) for _index, name in socket.if_nameindex())
+    return [address for address in found if address]
+
+
 def url_host(address: str) -> str:
     """The host part clients use in the URL: the machine's name for a wildcard bind, IPv6 bracketed.
 
@@ -85,3 +92,21 @@ def auth_required(address: str, auth: bool | None) -> bool:
                           f"that address could read and change your runs, deployments and parameters "
                           f"(drop the --no-auth/--no-server-auth switch, or serve on 127.0.0.1)")
     return auth
+
+
+def tls_required(address: str, tls: bool | None, auth: bool | None) -> bool:
+    """Whether the server on ``address`` serves HTTPS: ``tls`` when given, else off loopback. Turning
+    it off beyond loopback is allowed (the documented opt-out) but never together with auth off.
+
+    >>> tls_required("127.0.0.1", None, None), tls_required("10.0.0.5", None, None), tls_required("::1", True, None)
+    (False, True, True)
+    >>> tls_required("10.0.0.5", False, False)
+    Traceback (most recent call last):
+    ...
+    espnet3_prefect.errors.ConfigError: refusing to serve the Prefect API on 10.0.0.5 without TLS and without auth: anyone on the network could read and change your runs (drop --no-server-tls/--no-tls or --no-server-auth/--no-auth)
+    """
+    if tls is False and auth is False and not is_loopback(address):
+        raise ConfigError(f"refusing to serve the Prefect API on {address} without TLS and without auth: anyone on "
+                          f"the network could read and change your runs (drop --no-server-tls/--no-tls or "
+                          f"--no-server-auth/--no-auth)")
+    return (not is_loopback(address)) if tls is None else tls

@@ -3,7 +3,9 @@
 Without ``PREFECT_API_URL`` each process that runs a Prefect task would start its own temporary
 server on one SQLite file (slow, "database is locked"). :func:`prefect_api` instead starts one
 server (or reuses the one a concurrent run started), exports its URL so that Dask workers and
-batch jobs inherit it, and stops it when the last user leaves.
+batch jobs inherit it, and stops it when the last user leaves. Beyond loopback it asks for basic
+auth (:mod:`~espnet3_prefect.api_auth`) and serves HTTPS with a certificate made for that start
+(:mod:`~espnet3_prefect.api_tls`, launched by :mod:`~espnet3_prefect.api_serve`).
 
 State (database, logs, pids) lives in a per-project folder (:func:`state_dir`): the default is
 ``<project>/.e3p/prefect``, where ``<project>`` is the git checkout the command runs in (else the
@@ -28,64 +30,20 @@ import time
 import urllib.request
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from ._proc import pid_alive, stop_group
 from .atomic import atomic_write_text
 from .errors import Espnet3PrefectError
+from .state_home import (DEFAULT_STATE_DIR, STATE_DIR_HELP, default_state_dir, project_folder,  # noqa: F401
+                         registry_dir, state_dir)
 from .util import read_json
 
+if TYPE_CHECKING:
+    from .api_tls import ServerTLS
+
 log = logging.getLogger("espnet3_prefect")
-DEFAULT_STATE_DIR = ".e3p/prefect"
-"""The default state dir, relative to the project folder (:func:`project_folder`)."""
-STATE_DIR_HELP = ("embedded server state (default $ESPNET3_PREFECT_HOME, else .e3p/prefect in the git "
-                  "checkout of the current folder, else in the current folder)")
 STARTUP_TIMEOUT_S = 180
-
-
-def project_folder(start: str | Path | None = None) -> Path:
-    """The git checkout holding ``start`` (default: the current folder), else ``start`` itself.
-
-    >>> import tempfile; d = Path(tempfile.mkdtemp()); (d / ".git").mkdir(); (d / "a/b").mkdir(parents=True)
-    >>> project_folder(d / "a/b") == d.resolve()
-    True
-    """
-    here = Path(start or os.getcwd()).expanduser().resolve()
-    for folder in (here, *here.parents):
-        if (folder / ".git").exists():  # a folder, or a file in worktrees and submodules
-            return folder
-    return here
-
-
-def default_state_dir(start: str | Path | None = None) -> Path:
-    """``<project>/.e3p/prefect`` for the project of ``start`` (default: the current folder); not created."""
-    return project_folder(start) / DEFAULT_STATE_DIR
-
-
-def state_dir(path: str | Path | None = None) -> Path:
-    """Where the embedded server keeps its database, logs and pid (created if missing).
-
-    ``path``, else ``$ESPNET3_PREFECT_HOME``, else ``<project>/.e3p/prefect`` where ``<project>`` is
-    the git checkout of the current folder (else the current folder): one Prefect server and UI per
-    project, so the runs of unrelated projects never mix. ``.e3p/`` gets a ``.gitignore`` of ``*``,
-    so it never shows as untracked in the user's repository.
-    """
-    chosen = path or os.environ.get("ESPNET3_PREFECT_HOME")
-    if chosen:
-        out = Path(chosen).expanduser().resolve()
-    else:
-        out = default_state_dir()
-        _git_ignored(out.parent)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def _git_ignored(folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    marker = folder / ".gitignore"
-    if not marker.exists():
-        with contextlib.suppress(OSError):
-            atomic_write_text(marker, "# espnet3-prefect's local state (Prefect server database, logs, pids)\n*\n")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,10 +53,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
-    """True when the Prefect API at ``api_url`` answers its health check."""
+def healthy(api_url: str, timeout_s: float = 2.0, cafile: str | None = None) -> bool:
+    """True when the Prefect API at ``api_url`` answers its health check (``https://``: verified with
+    ``cafile``, else the system's authorities)."""
+    from .api_tls import client_context
+
+    context = client_context(cafile) if api_url.startswith("https://") else None
     try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s, context=context) as resp:
             return resp.status == 200
     except OSError:
         return False
@@ -114,13 +76,14 @@ def prefect_executable() -> str:
 
 
 def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: str = "127.0.0.1",
-                 auth_string: str | None = None) -> tuple[subprocess.Popen, str]:
+                 auth_string: str | None = None, tls: "ServerTLS | None" = None) -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
-    ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv)."""
+    ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
+    ``tls`` (its files made) it serves HTTPS (:mod:`espnet3_prefect.api_serve`, the files by path)."""
     from .api_host import url_host
 
     port = port or free_port(host)
-    api_url = f"http://{url_host(host)}:{port}/api"
+    api_url = f"{'https' if tls else 'http'}://{url_host(host)}:{port}/api"
     # The UI asks GET /ui-settings where its API is. Prefect answers PREFECT_UI_API_URL, whose default
     # is built from PREFECT_SERVER_API_PORT (4200), not from --port: without this the UI of a server on
     # any other port is blank, or shows the runs of whichever server holds 4200.
@@ -133,6 +96,9 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
     if auth_string:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
     cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
+    if tls is not None:
+        cmd = [sys.executable, "-m", "espnet3_prefect.api_serve", "--host", host, "--port", str(port),
+               "--ssl-certfile", str(tls.cert_file), "--ssl-keyfile", str(tls.key_file)]
     log.info("starting Prefect server: %s", " ".join(cmd))
     logfile = open(home / "server.log", "ab")
     proc = subprocess.Popen(cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
@@ -143,8 +109,8 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
         if proc.poll() is not None:
             tail = (home / "server.log").read_text(errors="replace")[-1500:]
             raise Espnet3PrefectError(f"Prefect server exited with code {proc.returncode}; log {home/'server.log'}: {' '.join(tail.split()[-60:])}")
-        if healthy(api_url):
-            _register(proc.pid, api_url, home, ui, auth=bool(auth_string))
+        if healthy(api_url, cafile=str(tls.ca_file) if tls else None):
+            _register(proc.pid, api_url, home, ui, auth=bool(auth_string), ca_file=str(tls.ca_file) if tls else None)
             return proc, api_url
         time.sleep(0.5)
     stop_server(proc.pid)
@@ -162,7 +128,8 @@ def stop_server(pid: int, timeout_s: float = 20) -> None:
 def running_server(home: Path) -> dict | None:
     """``{"pid", "api_url", "ui_url"}`` of the server recorded in ``home`` while it is alive and healthy."""
     info = read_json(home / "server.json")
-    if isinstance(info, dict) and pid_alive(info.get("pid", -1)) and healthy(info.get("api_url", "")):
+    if isinstance(info, dict) and pid_alive(info.get("pid", -1)) and healthy(info.get("api_url", ""),
+                                                                             cafile=info.get("ssl_cert_file")):
         return info
     return None
 
@@ -181,31 +148,34 @@ def _other_users(home: Path) -> list[int]:
 
 @contextlib.contextmanager
 def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool = True,
-                host: str | None = None, auth: bool | None = None) -> Iterator[str]:
+                host: str | None = None, auth: bool | None = None, tls: bool | None = None) -> Iterator[str]:
     """Yield a Prefect API URL: ``$PREFECT_API_URL``, else a running embedded server, else a new one.
 
     The URL is exported in ``os.environ`` (Dask workers and batch jobs inherit it) and set in
     Prefect's settings for this process. A server started here is stopped on exit unless
     ``keep`` is set or another run still uses it. ``host`` (default ``$ESPNET3_PREFECT_SERVER_HOST``,
     else 127.0.0.1): where a new server listens; off loopback it asks for basic auth (``auth``: force
-    it on loopback too; ``False`` off loopback is refused), see :mod:`espnet3_prefect.api_auth`.
+    it on loopback too; ``False`` off loopback is refused), see :mod:`espnet3_prefect.api_auth`, and
+    serves HTTPS (``tls``: force it on loopback too, ``False``: plain HTTP), see :mod:`espnet3_prefect.api_tls`.
 
     >>> with prefect_api("/tmp/e3p-doc") as url:   # doctest: +SKIP
     ...     print(url)
     http://127.0.0.1:41231/api
     """
-    from .api_auth import client_file, exported, external_client, server_client
-    from .api_host import HOST_VAR, auth_required, resolve_host
+    from .api_auth import exported, external_client, server_client
+    from .api_host import HOST_VAR, auth_required, resolve_host, tls_required
 
     chosen_host = host or os.environ.get(HOST_VAR)
     if os.environ.get("PREFECT_API_URL"):
-        if host:
-            raise Espnet3PrefectError(f"--server-host {host}: PREFECT_API_URL is set, so no embedded server "
-                                      f"starts; unset it or drop --server-host")
+        asked = f"--server-host {host}" if host else "--server-tls" if tls else "--no-server-tls" if tls is False else ""
+        if asked:
+            raise Espnet3PrefectError(f"{asked}: PREFECT_API_URL is set, so no embedded server "
+                                      f"starts; unset it or drop {asked.split()[0]}")
         with exported(external_client(lambda: state_dir(home))):
             yield os.environ["PREFECT_API_URL"]
         return
     address = resolve_host(chosen_host) if chosen_host else "127.0.0.1"
+    with_tls = tls_required(address, tls, auth)
     with_auth = auth_required(address, auth)
     home = state_dir(home)
     (home / "users").mkdir(exist_ok=True)
@@ -214,8 +184,9 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
     try:
         info = running_server(home)
         if info is None:
-            info = start_recorded(home, ui=ui, host=address, auth=with_auth)
-        creds = server_client(home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth)
+            info = start_recorded(home, ui=ui, host=address, auth=with_auth, tls=with_tls, given_host=chosen_host)
+        creds = server_client(home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth,
+                              wanted_tls=with_tls)
     except BaseException:
         me.unlink(missing_ok=True)
         raise
@@ -227,24 +198,48 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
         if not keep and not _other_users(home):
             _flush_prefect()
             stop_server(info["pid"])
-            (home / "server.json").unlink(missing_ok=True)
-            if info.get("auth"):  # its credential is worth nothing now; no stale secret left on disk
-                client_file(home).unlink(missing_ok=True)
+            forget_server(home, info["pid"], info["api_url"])
 
 
 def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool = False,
-                   port: int | None = None) -> dict:
-    """Start a server for ``home`` (with a new credential in its 0600 client file when ``auth``) and
-    record it in ``home/server.json``; return that record."""
+                   port: int | None = None, tls: bool = False, given_host: str | None = None) -> dict:
+    """Start a server for ``home`` (with a new credential when ``auth``, serving HTTPS with a new
+    certificate naming ``host`` and ``given_host`` when ``tls``), write its 0600 client file (when
+    ``auth`` or ``tls``) and record it in ``home/server.json``; return that record."""
     from .api_auth import ClientCredentials, client_file, new_auth_string, write_client_file
+    from .api_tls import ServerTLS
 
     auth_string = new_auth_string() if auth else None
-    proc, url = start_server(home, port=port, ui=ui, host=host, auth_string=auth_string)
-    info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")], "host": host, "auth": auth}
-    if auth:
-        write_client_file(client_file(home), ClientCredentials(url, auth_string))
+    certs = ServerTLS.of(home).create(host, given_host) if tls else None
+    try:
+        proc, url = start_server(home, port=port, ui=ui, host=host, auth_string=auth_string, tls=certs)
+    except BaseException:
+        if certs is not None:
+            certs.remove()
+        raise
+    info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")], "host": host, "auth": auth,
+            "tls": tls, "ssl_cert_file": str(certs.ca_file) if certs else None}
+    if auth or tls:
+        write_client_file(client_file(home), ClientCredentials(url, auth_string, ssl_cert_file=info["ssl_cert_file"]))
     atomic_write_text(home / "server.json", json.dumps(info))
     return info
+
+
+def forget_server(home: Path, pid: int, api_url: str) -> None:
+    """After the server ``pid`` of ``home`` stopped: its record, its client file (the credential is
+    worth nothing now; no stale secret left on disk) and its certificate folder go."""
+    from .api_auth import client_file
+    from .api_tls import ServerTLS
+
+    record, client = read_json(home / "server.json"), read_json(client_file(home))
+    mine = isinstance(record, dict) and record.get("pid") == pid
+    if mine:
+        (home / "server.json").unlink(missing_ok=True)
+    if isinstance(client, dict) and client.get("api_url") == api_url:
+        client_file(home).unlink(missing_ok=True)
+        mine = mine or bool(client.get("ssl_cert_file"))
+    if mine:
+        ServerTLS.of(home).remove()
 
 
 def _flush_prefect() -> None:
@@ -263,22 +258,9 @@ def _flush_prefect() -> None:
 
 # -- the registry of the servers we started (read by servers.py) -------------------------------
 
-def registry_dir() -> Path:
-    """Per-user records of the servers :func:`start_server` started, one ``<pid>.json`` each.
-
-    ``$ESPNET3_PREFECT_REGISTRY``, else ``$XDG_STATE_HOME/espnet3-prefect/servers`` (default
-    ``~/.local/state/espnet3-prefect/servers``). State dirs are per project; this folder is what
-    finds a server left running from any folder.
-    """
-    chosen = os.environ.get("ESPNET3_PREFECT_REGISTRY")
-    if not chosen:
-        chosen = Path(os.environ.get("XDG_STATE_HOME") or "~/.local/state") / "espnet3-prefect" / "servers"
-    return Path(chosen).expanduser()
-
-
-def _register(pid: int, api_url: str, home: Path, ui: bool, auth: bool = False) -> None:
+def _register(pid: int, api_url: str, home: Path, ui: bool, auth: bool = False, ca_file: str | None = None) -> None:
     record = {"pid": pid, "api_url": api_url, "started": datetime.now().astimezone().isoformat(timespec="seconds"),
-              "state_dir": str(home), "ui": ui, "auth": auth}
+              "state_dir": str(home), "ui": ui, "auth": auth, "ssl_cert_file": ca_file}
     try:
         registry_dir().mkdir(parents=True, exist_ok=True)
         atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))

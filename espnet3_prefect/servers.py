@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ._proc import pid_alive, stop_tree
-from .api_auth import CLIENT_FILE_NAME
-from .server import healthy, registry_dir, stop_server
+from .server import forget_server, healthy, registry_dir, stop_server
 
 
 @dataclass(frozen=True)
@@ -29,6 +28,7 @@ class ServerRecord:
     state_dir: str
     ui: bool = True
     worker_pid: int | None = None  # deploy-local's process worker, when this is deploy-local's server
+    ssl_cert_file: str | None = None  # what its https:// API is verified with (api_tls.ServerTLS.ca_file)
 
     @property
     def ui_url(self) -> str:
@@ -45,7 +45,7 @@ class ServerRecord:
         return sorted(p for p in pids if p not in (self.pid, os.getpid()) and pid_alive(p))
 
     def answers(self, timeout_s: float = 2.0) -> bool:
-        return healthy(self.api_url, timeout_s)
+        return healthy(self.api_url, timeout_s, cafile=self.ssl_cert_file)
 
 
 def _is_prefect_server(pid: int) -> bool:
@@ -76,7 +76,8 @@ def list_servers() -> list[ServerRecord]:
             data = json.loads(entry.read_text())
             pid = int(data["pid"])
             fields = {"pid": pid, "api_url": str(data["api_url"]), "started": str(data.get("started", "")),
-                      "state_dir": str(data.get("state_dir", "")), "ui": bool(data.get("ui", True))}
+                      "state_dir": str(data.get("state_dir", "")), "ui": bool(data.get("ui", True)),
+                      "ssl_cert_file": data.get("ssl_cert_file") or None}
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours to judge; never deleted
         if not _is_prefect_server(pid):
@@ -126,16 +127,13 @@ def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> 
 
 
 def _forget(server: ServerRecord) -> None:
-    """Remove what the state dir says about a server that is gone."""
+    """Remove what the state dir says about a server that is gone (its credential and certificate too)."""
     home = Path(server.state_dir)
     (home / "users" / str(server.pid)).unlink(missing_ok=True)
-    for name, key in (("server.json", "pid"), ("deploy-local.json", "server_pid")):
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads((home / name).read_text()).get(key) == server.pid:
-                (home / name).unlink(missing_ok=True)
-    with contextlib.suppress(OSError, ValueError):  # the credential of a stopped server
-        if json.loads((home / CLIENT_FILE_NAME).read_text()).get("api_url") == server.api_url:
-            (home / CLIENT_FILE_NAME).unlink(missing_ok=True)
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads((home / "deploy-local.json").read_text()).get("server_pid") == server.pid:
+            (home / "deploy-local.json").unlink(missing_ok=True)
+    forget_server(home, server.pid, server.api_url)
 
 
 def kept_server_message(server: ServerRecord) -> str:

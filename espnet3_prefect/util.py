@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,30 @@ def without_secrets(environ: Any) -> dict[str, str]:
     {'PATH': '/bin'}
     """
     return {k: v for k, v in environ.items() if k not in SECRET_VARS}
+
+
+# -- files only the user may read (TLS keys) ----------------------------------------------------
+
+def private_folder(directory: Path) -> Path:
+    """``directory`` empty and 0700 (made here, whatever the umask; what an earlier attempt left in it
+    is removed), the user's own and no symbolic link: where key files may be written."""
+    from .errors import ConfigError
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    if directory.is_symlink():
+        raise ConfigError(f"{directory}: is a symbolic link, refusing to write TLS keys there")
+    if directory.exists() and any(directory.iterdir()):
+        shutil.rmtree(directory)  # left by an earlier attempt
+    if not directory.exists():
+        os.mkdir(directory, 0o700)
+    if directory.stat().st_uid != os.getuid():
+        raise ConfigError(f"{directory}: belongs to another user, refusing to write TLS keys there")
+    os.chmod(directory, 0o700)  # whatever the umask
+    return directory
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a new file only the user can read (0600 from the start, never a symlink)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)

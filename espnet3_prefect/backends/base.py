@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 # Variables every worker needs; batch jobs and SSH workers get them explicitly, since not every
 # scheduler passes the submitter's environment on (SGE and PBS do not without -V). With a Prefect
 # API that asks for auth, the path of the 0600 client file stands in for the URL (api_auth.py): the
-# worker preload reads URL and credential from it, so no credential is ever in a job script.
-EXPORTED_ENV = ("PREFECT_API_URL", "PYTHONPATH", CLIENT_FILE_VAR)
+# worker preload reads URL and credential from it, so no credential is ever in a job script. The
+# certificate an https:// API is verified with is a path, like the client file's (which also names it).
+EXPORTED_ENV = ("PREFECT_API_URL", "PREFECT_API_SSL_CERT_FILE", "PYTHONPATH", CLIENT_FILE_VAR)
 LOOPBACK_DASHBOARD = "127.0.0.1:0"
 RUNNER_MANAGED = ("asynchronous", "loop", "start")
 PREVIEW_JOB_NAME = "e3p-preview"
@@ -65,15 +66,20 @@ class ClusterContext:
 
 def exported_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables of :data:`EXPORTED_ENV` that are set (in ``environ``, default os.environ); the
-    client file's path replaces the URL when there is one.
+    client file's path replaces the URL and the certificate's when there is one (the file names both).
 
     >>> exported_environment({"PREFECT_API_URL": "http://h:1/api", "ESPNET3_PREFECT_CLIENT_FILE": "/p/c.json"})
     {'ESPNET3_PREFECT_CLIENT_FILE': '/p/c.json'}
+    >>> exported_environment({"PREFECT_API_URL": "https://h:1/api", "PREFECT_API_SSL_CERT_FILE": "/p/ca.pem"})
+    {'PREFECT_API_URL': 'https://h:1/api', 'PREFECT_API_SSL_CERT_FILE': '/p/ca.pem'}
     """
     environ = os.environ if environ is None else environ
     exported = {k: environ[k] for k in EXPORTED_ENV if environ.get(k)}
     if CLIENT_FILE_VAR in exported:
         exported.pop("PREFECT_API_URL", None)
+        exported.pop("PREFECT_API_SSL_CERT_FILE", None)
+    elif not exported.get("PREFECT_API_URL", "").startswith("https://"):
+        exported.pop("PREFECT_API_SSL_CERT_FILE", None)
     return exported
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..util import private_folder, write_private
 
 CERT_NAME = "cert.pem"
 KEY_NAME = "key.pem"
@@ -115,16 +116,7 @@ class RunCertificates:
         """Generate a certificate and key and write them (0600) to the folder (0700, made here; a
         folder left by an earlier attempt of the same run is replaced)."""
         cert_pem, key_pem = generate_pem()
-        self.directory.parent.mkdir(parents=True, exist_ok=True)
-        if self.directory.is_symlink():
-            raise ConfigError(f"{self.directory}: is a symbolic link, refusing to write TLS keys there")
-        if self.directory.exists() and any(self.directory.iterdir()):
-            shutil.rmtree(self.directory)  # left by an earlier attempt of this run
-        if not self.directory.exists():
-            os.mkdir(self.directory, 0o700)
-        if self.directory.stat().st_uid != os.getuid():
-            raise ConfigError(f"{self.directory}: belongs to another user, refusing to write TLS keys there")
-        os.chmod(self.directory, 0o700)  # whatever the umask
+        private_folder(self.directory)
         write_private(self.cert_file, cert_pem)
         write_private(self.key_file, key_pem)
         return self
@@ -148,13 +140,6 @@ class RunCertificates:
 
     def __repr__(self) -> str:
         return f"RunCertificates({str(self.directory)!r})"
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to a new file only the user can read (0600 from the start, never a symlink)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
 
 
 def generate_pem() -> tuple[str, str]:

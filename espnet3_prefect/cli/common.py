@@ -43,7 +43,7 @@ def configs_of(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 def add_server_options(parser: argparse.ArgumentParser, state_dir_help: str = STATE_DIR_HELP,
                        keep: bool = True) -> None:
     """``--state-dir`` (where the embedded server keeps its state), ``--keep-server`` and where the
-    embedded server listens (``--server-host``, ``--[no-]server-auth``)."""
+    embedded server listens (``--server-host``, ``--[no-]server-auth``, ``--[no-]server-tls``)."""
     parser.add_argument("--state-dir", default=None, help=state_dir_help)
     if keep:
         parser.add_argument("--keep-server", action="store_true",
@@ -51,8 +51,9 @@ def add_server_options(parser: argparse.ArgumentParser, state_dir_help: str = ST
         parser.add_argument("--server-host", default=None, metavar="ADDRESS",
                             help="where the embedded Prefect server listens: an address, interface or host name "
                                  "compute nodes reach (default $ESPNET3_PREFECT_SERVER_HOST, else 127.0.0.1); "
-                                 "anything but loopback turns on basic auth (docs/security.md)")
+                                 "anything but loopback turns on basic auth and HTTPS (docs/security.md)")
         add_auth_switch(parser, "--server-auth")
+        add_tls_switch(parser, "--server-tls")
 
 
 def add_auth_switch(parser: argparse.ArgumentParser, flag: str) -> None:
@@ -62,14 +63,27 @@ def add_auth_switch(parser: argparse.ArgumentParser, flag: str) -> None:
                              "turned off; turn it on for 127.0.0.1 too (other users of this machine)")
 
 
-def describe_api(api_url: str) -> str:
-    """``Prefect API: URL`` and, with auth, where the credential is (never the credential)."""
-    import os
+def add_tls_switch(parser: argparse.ArgumentParser, flag: str) -> None:
+    """``--tls``/``--no-tls`` style switch: None (HTTPS off loopback only), True, False (plain HTTP;
+    refused off loopback together with auth off)."""
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                        help="HTTPS for the Prefect API, with a certificate made for this server start: on by "
+                             "default off loopback (turning it off there sends the credential in clear); "
+                             "turn it on for 127.0.0.1 too")
 
+
+def describe_api(api_url: str) -> str:
+    """``Prefect API: URL`` and, with HTTPS, the certificate it is verified with, with auth, where the
+    credential is (never the credential)."""
     from ..util import CLIENT_FILE_VAR
 
+    notes = []
+    if api_url.startswith("https://") and os.environ.get("PREFECT_API_SSL_CERT_FILE"):
+        notes.append(f"HTTPS, verified with {os.environ['PREFECT_API_SSL_CERT_FILE']}")
     path = os.environ.get(CLIENT_FILE_VAR)
-    return f"Prefect API: {api_url}" + (f" (basic auth; credential in {path}, mode 0600)" if path else "")
+    if path and (os.environ.get("PREFECT_API_AUTH_STRING") or os.environ.get("PREFECT_API_KEY")):
+        notes.append(f"basic auth; credential in {path}, mode 0600")
+    return f"Prefect API: {api_url}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def add_verbose(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +129,7 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
     api_url = None
     try:
         with prefect_api(args.state_dir, keep=args.keep_server, host=args.server_host,
-                         auth=args.server_auth) as api_url:
+                         auth=args.server_auth, tls=args.server_tls) as api_url:
             print(describe_api(api_url), file=sys.stderr)
             result = run()  # flows are imported by ``run``, once the API is set
     finally:

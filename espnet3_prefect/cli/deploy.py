@@ -1,6 +1,6 @@
 """``deploy-local``: a local Prefect server, a process work pool, ``prefect deploy --all`` and a process
-worker, in one step (127.0.0.1, or ``--host`` with basic auth); ``deploy-local --stop`` ends them (and
-the worker's flow runs).
+worker, in one step (127.0.0.1, or ``--host`` with basic auth and HTTPS); ``deploy-local --stop`` ends
+them (and the worker's flow runs).
 
     espnet3-prefect deploy-local [--port 4200] [--host ADDRESS]
     espnet3-prefect deploy-local --stop
@@ -19,7 +19,7 @@ from pathlib import Path
 from .._proc import pid_alive, stop_tree
 from ..errors import Espnet3PrefectError
 from ..util import read_json
-from .common import SwitchCommand, add_auth_switch, add_server_options
+from .common import SwitchCommand, add_auth_switch, add_server_options, add_tls_switch
 
 DEFAULT_POOL = "espnet3-local"
 DEFAULT_UI_PORT = 4200
@@ -36,8 +36,10 @@ def register(sub) -> None:
                         help=f"server port (default {DEFAULT_UI_PORT} when free, else a free one)")
     deploy.add_argument("--host", default=None, metavar="ADDRESS",
                         help="where the server listens: an address, interface or host name compute nodes reach "
-                             "(default 127.0.0.1); anything but loopback turns on basic auth (docs/security.md)")
+                             "(default 127.0.0.1); anything but loopback turns on basic auth and HTTPS "
+                             "(docs/security.md)")
     add_auth_switch(deploy, "--auth")
+    add_tls_switch(deploy, "--tls")
     deploy.add_argument("--pool", default=DEFAULT_POOL, help="process work pool name (default %(default)s)")
     deploy.add_argument("--project-dir", default=None,
                         help="checkout holding prefect.yaml (default: this folder if it has one, else the "
@@ -87,10 +89,8 @@ def _choose_port(port: int | None, host: str = "127.0.0.1") -> int:
 
 
 def _wait_for_worker(creds, pool: str, proc: subprocess.Popen, log: Path) -> float:
-    from prefect.client.orchestration import SyncPrefectClient
-
     started = time.monotonic()
-    with SyncPrefectClient(creds.api_url, auth_string=creds.auth_string) as client:
+    with creds.sync_client() as client:
         while time.monotonic() - started < WORKER_START_TIMEOUT_S:
             if proc.poll() is not None:
                 tail = " ".join(log.read_text(errors="replace").split()[-80:])
@@ -105,17 +105,19 @@ def deploy_local(args: argparse.Namespace) -> int:
     """Server (reused when running) + work pool + ``prefect deploy --all`` + a process worker."""
     from .._proc import run_command
     from ..api_auth import server_client
-    from ..api_host import auth_required, resolve_host
+    from ..api_host import auth_required, resolve_host, tls_required
     from ..atomic import atomic_write_text
     from ..server import prefect_executable, running_server, start_recorded, state_dir
 
     home = state_dir(args.state_dir)
     project = _project(args.project_dir)
     address = resolve_host(args.host) if args.host else "127.0.0.1"
+    with_tls = tls_required(address, args.tls, args.auth)
     with_auth = auth_required(address, args.auth)
+    wanted = {"wanted_host": address if args.host else None, "wanted_auth": with_auth, "wanted_tls": with_tls}
     current = read_json(home / STATE_FILE)
     if current and pid_alive(current.get("worker_pid", -1)) and running_server(home):
-        server_client(home, running_server(home), wanted_host=address if args.host else None, wanted_auth=with_auth)
+        server_client(home, running_server(home), **wanted)
         _print_ready(current, "already running")
         return 0
     if os.environ.get("PREFECT_API_URL"):
@@ -124,8 +126,9 @@ def deploy_local(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     info = running_server(home)
     if info is None:
-        info = start_recorded(home, ui=True, host=address, auth=with_auth, port=_choose_port(args.port, address))
-    creds = server_client(home, info, wanted_host=address if args.host else None, wanted_auth=with_auth)
+        info = start_recorded(home, ui=True, host=address, auth=with_auth, port=_choose_port(args.port, address),
+                              tls=with_tls, given_host=args.host)
+    creds = server_client(home, info, **wanted)
     timings["server_s"] = time.monotonic() - t0
     # While deploy-local's server runs it counts as a user, so `espnet3-prefect infer` reuses it
     # and leaves it running.
@@ -146,7 +149,8 @@ def deploy_local(args: argparse.Namespace) -> int:
                                   stdin=subprocess.DEVNULL, start_new_session=True)
     state = {"server_pid": info["pid"], "worker_pid": worker.pid, "api_url": info["api_url"], "ui_url": info["ui_url"],
              "pool": args.pool, "project_dir": str(project), "state_dir": str(home), "worker_log": str(log),
-             "client_file": creds.source}
+             "client_file": creds.source, "ssl_cert_file": creds.ssl_cert_file,
+             "auth": bool(creds.auth_string)}
     atomic_write_text(home / STATE_FILE, json.dumps(state, indent=2))
     try:
         timings["worker_s"] = _wait_for_worker(creds, args.pool, worker, log)
@@ -167,7 +171,10 @@ def _print_ready(state: dict, headline: str) -> None:
     print(f"espnet3-prefect local deployments {headline}")
     print(f"  UI:      {state['ui_url']}")
     print(f"  API:     export PREFECT_API_URL={state['api_url']}")
-    if state.get("client_file"):  # where the credential is, never the credential
+    if state.get("ssl_cert_file"):
+        print(f"  https:   certificate of this server start in {state['ssl_cert_file']}; in a shell:")
+        print(f"           export PREFECT_API_SSL_CERT_FILE={state['ssl_cert_file']}")
+    if state.get("client_file") and state.get("auth", True):  # where the credential is, never the credential
         print(f"  auth:    basic auth; credential in {state['client_file']} (mode 0600); in a shell:")
         print(f"           export PREFECT_API_AUTH_STRING=\"$(python -c 'import json,sys; print(json.load("
               f"open(sys.argv[1]))[\"auth_string\"])' {state['client_file']})\"")
@@ -181,8 +188,7 @@ def _print_ready(state: dict, headline: str) -> None:
 
 def stop_local(args: argparse.Namespace) -> int:
     """Stop the worker (and its flow runs) and the server recorded by ``deploy-local``."""
-    from ..api_auth import CLIENT_FILE_NAME
-    from ..server import state_dir
+    from ..server import forget_server, state_dir
 
     home = state_dir(args.state_dir)
     state = read_json(home / STATE_FILE)
@@ -198,12 +204,7 @@ def stop_local(args: argparse.Namespace) -> int:
     if stop_tree(state["server_pid"]):
         stopped.append(f"server pid {state['server_pid']}")
     (home / "users" / str(state["server_pid"])).unlink(missing_ok=True)
-    server = read_json(home / "server.json")
-    if isinstance(server, dict) and server.get("pid") == state["server_pid"]:
-        (home / "server.json").unlink(missing_ok=True)
-    client = read_json(home / CLIENT_FILE_NAME)
-    if isinstance(client, dict) and client.get("api_url") == state["api_url"]:  # a stopped server's credential
-        (home / CLIENT_FILE_NAME).unlink(missing_ok=True)
+    forget_server(home, state["server_pid"], state["api_url"])  # its record, credential and certificate
     (home / STATE_FILE).unlink(missing_ok=True)
     print("stopped " + (", ".join(stopped) if stopped else "nothing (already gone)"))
     return 0

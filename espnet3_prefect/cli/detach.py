@@ -27,24 +27,27 @@ def _deployment_name(name: str) -> str:
     return name if "/" in name else f"infer/{name}"
 
 
-def find_api(state: str | None) -> tuple[str, str | None]:
-    """``$PREFECT_API_URL`` (with ``$PREFECT_API_AUTH_STRING``), else the server ``deploy-local`` (or
-    ``--keep-server``) left running (with the credential of its client file when it asks for auth)."""
-    from ..api_auth import server_client
+def find_api(state: str | None):
+    """The :class:`~espnet3_prefect.api_auth.ClientCredentials` to submit with: ``$PREFECT_API_URL``
+    (with ``$PREFECT_API_AUTH_STRING`` and ``$PREFECT_API_SSL_CERT_FILE``), else the server
+    ``deploy-local`` (or ``--keep-server``) left running (with its client file's credential and
+    certificate when it has them)."""
+    from ..api_auth import ClientCredentials, server_client
     from ..server import healthy, running_server, state_dir
 
     url = os.environ.get("PREFECT_API_URL")
     if url:
-        if not healthy(url):
+        cert = os.environ.get("PREFECT_API_SSL_CERT_FILE") or None
+        if not healthy(url, cafile=cert):
             raise Espnet3PrefectError(f"PREFECT_API_URL={url} does not answer")
-        return url, os.environ.get("PREFECT_API_AUTH_STRING") or None
+        return ClientCredentials(url, os.environ.get("PREFECT_API_AUTH_STRING") or None,
+                                 os.environ.get("PREFECT_API_KEY") or None, ssl_cert_file=cert)
     home = state_dir(state)
     info = running_server(home)
     if info is None:
         raise Espnet3PrefectError("no Prefect server to submit to: run `espnet3-prefect deploy-local` "
                                   "(or set PREFECT_API_URL to a server with the deployments)")
-    creds = server_client(home, info, wanted_host=None, wanted_auth=False)
-    return creds.api_url, creds.auth_string
+    return server_client(home, info, wanted_host=None, wanted_auth=False)
 
 
 def run_detach(args: argparse.Namespace) -> int:
@@ -54,29 +57,32 @@ def run_detach(args: argparse.Namespace) -> int:
 
     config, overrides = infer_input(args)  # in an ESPnet3 recipe: the launcher's config, resolved
     prepare_stages(load_config_input(config, overrides))  # fail here, not in the worker
-    api_url, auth_string = find_api(args.state_dir)
+    creds = find_api(args.state_dir)
+    api_url = creds.api_url
     name = _deployment_name(args.deployment)
     if isinstance(config, list):
         config = [str(Path(c).resolve()) for c in config]
     parameters = {"config": config, "overrides": overrides, "workdir": os.getcwd()}
-    flow_run, online = submit(api_url, name, parameters, auth_string)
+    flow_run, online = submit(creds, name, parameters)
     ui = api_url[: -len("/api")] if api_url.endswith("/api") else api_url
     print(f"flow run id: {flow_run.id}")
     print(f"flow run:    {flow_run.name} of deployment {name}")
     print(f"UI:          {ui}/runs/flow-run/{flow_run.id}")
-    print(f"watch:       PREFECT_API_URL={api_url} prefect flow-run logs {flow_run.id}")
+    cert = f"PREFECT_API_SSL_CERT_FILE={creds.ssl_cert_file} " if creds.ssl_cert_file else ""
+    print(f"watch:       {cert}PREFECT_API_URL={api_url} prefect flow-run logs {flow_run.id}")
     if not online:
         print("warning: no worker is online on the deployment's work pool; the run waits until one starts "
               "(espnet3-prefect deploy-local starts one)", file=sys.stderr)
     return 0
 
 
-def submit(api_url: str, name: str, parameters: dict, auth_string: str | None = None):
-    """Create a flow run of deployment ``name``; return it and whether its pool has a worker online."""
-    from prefect.client.orchestration import SyncPrefectClient
+def submit(creds, name: str, parameters: dict):
+    """Create a flow run of deployment ``name`` on the API ``creds`` (:class:`~espnet3_prefect.api_auth.ClientCredentials`)
+    reach; return it and whether its pool has a worker online."""
     from prefect.exceptions import ObjectNotFound
 
-    with SyncPrefectClient(api_url, auth_string=auth_string) as client:
+    api_url = creds.api_url
+    with creds.sync_client() as client:
         try:
             deployment = client.read_deployment_by_name(name)
         except ObjectNotFound:

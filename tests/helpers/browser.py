@@ -45,13 +45,14 @@ class BrowserError(RuntimeError):
 class Browser:
     """One headless Chromium with one page. Use as a context manager."""
 
-    def __init__(self, executable: str, *, width: int = 1400, height: int = 1000, start_timeout_s: float = 60):
+    def __init__(self, executable: str, *, width: int = 1400, height: int = 1000, start_timeout_s: float = 60,
+                 extra_flags: tuple[str, ...] = ()):
         from websockets.sync.client import connect
 
         self.profile = Path(tempfile.mkdtemp(prefix="e3p-chromium-"))
         self.log = self.profile / "chromium.log"
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([executable, *FLAGS, f"--user-data-dir={self.profile}",
+            self.proc = subprocess.Popen([executable, *FLAGS, *extra_flags, f"--user-data-dir={self.profile}",
                                           f"--window-size={width},{height}", "about:blank"],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import toy_config, write_yaml
-from tests.helpers.browser import Browser, find_chromium
+from tests.helpers.browser import Browser, BrowserError, find_chromium
 from tests.helpers.procs import CLI, ROOT, cli_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -95,3 +95,54 @@ def keep_evidence(page: Browser, name: str) -> None:
         except Exception as exc:  # the evidence must never hide the failure
             print(f"could not save the {what}: {exc}")
     print(f"browser evidence: {ARTIFACTS}/{name}.{{png,txt,html}}")
+
+
+def spki_pin(cert_file: Path) -> str:
+    """Chromium's pin of a certificate's public key: base64 of the SHA-256 of its SubjectPublicKeyInfo."""
+    import base64
+    import hashlib
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    key = x509.load_pem_x509_certificate(cert_file.read_bytes()).public_key()
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
+def test_the_ui_over_https_beyond_loopback_shows_the_run_in_chromium(tmp_path, chromium, kept_servers, request):
+    """``--server-host`` (HTTPS, basic auth): the flow-run link is https://, Chromium refuses the page until it
+    trusts this server start's key (pinned, nothing else accepted), then the UI logs in and shows the run."""
+    from espnet3_prefect.api_auth import client_file, read_client_file
+    from tests.integration.test_security_api import non_loopback_address
+
+    address = non_loopback_address()
+    home = tmp_path / "home"
+    cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, n_workers=1, num_shards=2))
+    env = {**cli_env(home), "ESPNET3_PREFECT_REGISTRY": os.environ["ESPNET3_PREFECT_REGISTRY"]}
+    proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "--keep-server", "--server-host", address], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [server] = kept_servers()
+    links = re.findall(rf"View at (https://{re.escape(address)}:\d+/runs/flow-run/[0-9a-f-]{{36}})", proc.stdout + proc.stderr)
+    assert links and links[0].startswith(server.ui_url + "/"), proc.stderr[-3000:]
+    creds = read_client_file(client_file(home))
+    with Browser(chromium) as page:  # trusts only the system's authorities: the page does not open
+        with pytest.raises(BrowserError, match="ERR_CERT_AUTHORITY_INVALID"):
+            page.goto(server.ui_url + "/")
+    pin = spki_pin(Path(creds.ssl_cert_file).with_name("cert.pem"))
+    with Browser(chromium, extra_flags=(f"--ignore-certificate-errors-spki-list={pin}",)) as page:
+        try:
+            page.goto(server.ui_url + "/")
+            page.wait_for_text("Login", timeout_s=60)  # the UI over HTTPS asks for the credential
+            # What the login form stores, set over DevTools (never on a command line).
+            page.evaluate(f"localStorage.setItem('prefect-password', btoa({json.dumps(creds.auth_string)}))")
+            page.goto(links[0])
+            text = page.wait_for_text("Completed", "Task Runs", "Beginning flow run", timeout_s=90)
+            assert "Can't connect" not in text
+            assert page.evaluate("location.protocol") == "https:"
+            assert page.click_text("Task Runs")
+            page.wait_for_text("run-shard-test_a-0", "run-shard-test_a-1", timeout_s=60)
+        except BaseException:
+            keep_evidence(page, request.node.name)
+            raise

@@ -1,14 +1,18 @@
-"""The Prefect API served beyond loopback, with basic auth (docs/security.md), for real.
+"""The Prefect API served beyond loopback, over HTTPS with basic auth (docs/security.md), for real.
 
-* The command line serves its embedded server on a non-loopback address: auth turns on, the API refuses
-  calls without the credential (401), the run's workers record their task runs with it, and the credential
-  is in none of: the CLI output, the server log, the flow-run parameters or logs, any process command line.
+* The command line serves its embedded server on a non-loopback address: HTTPS and auth turn on; plain
+  HTTP gets no answer, HTTPS without the run's certificate fails verification, with it but without the
+  credential gets 401, with both 200 (the UI too); the run's workers record their task runs with both,
+  and neither the credential nor the server key's PEM body is in the CLI output, the server log, the
+  flow-run parameters or logs, any process command line; the certificate folder goes with the server.
 * SLURM and Grid Engine workers (tests/infra) get the credential from the 0600 client file: their task
   runs are recorded, and the credential is in neither ``cluster-script``, the job script the scheduler
   holds, ``scontrol show job``/``qstat -j``, the job logs nor any command line during the run; a client
   file the compute node cannot read fails the run with one line naming it.
 * A Dask worker in its own network namespace (its own address, over a veth pair) reaches the server and
-  the scheduler on the host side and records the shards it ran (skipped where ``ip netns add`` is refused).
+  the scheduler on the host side and records the shards it ran (skipped where ``ip netns add`` is refused);
+  from the namespace, the same four requests get the same answers.
+* The batch and ssh workers reach it over HTTPS too; the key is in no job script or queue listing.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import pytest
 from espnet3_prefect.api_auth import client_file, read_client_file
 from espnet3_prefect.api_host import resolve_host
 from tests.conftest import ROOT, toy_config, write_yaml
+from tests.helpers.https_api import assert_only_both_get_in, key_lines, probe
 from tests.helpers.procs import CLI, cli_env, copy_project
 from tests.integration.test_real_backends import batch_parallel, queue_jobs, sge, slurm, sshd  # noqa: F401 (fixtures)
 
@@ -91,14 +96,18 @@ class Watch(threading.Thread):
         return self
 
 
-def status_of(api_url: str, auth_string: str | None) -> int:
-    """The HTTP status of a POST /flow_runs/filter, with basic auth when ``auth_string``."""
+def status_of(api_url: str, auth_string: str | None, cafile: str | None = None) -> int:
+    """The HTTP status of a POST /flow_runs/filter, with basic auth when ``auth_string`` (``https://``:
+    verified with ``cafile``)."""
+    import ssl
+
     request = urllib.request.Request(f"{api_url}/flow_runs/filter", data=b"{}", method="POST",
                                      headers={"Content-Type": "application/json"})
     if auth_string:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth_string.encode()).decode())
+    context = ssl.create_default_context(cafile=cafile) if api_url.startswith("https://") else None
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -106,10 +115,9 @@ def status_of(api_url: str, auth_string: str | None) -> int:
 
 def recorded(creds) -> dict:
     """What the authed API holds: task runs (name -> state), and the flow runs' parameters and logs as text."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    with SyncPrefectClient(creds.api_url, auth_string=creds.auth_string) as client:
+    with creds.sync_client() as client:
         flow_runs = client.read_flow_runs()
         tasks = {t.name: t.state_type.value for t in client.read_task_runs()}
         ids = [f.id for f in flow_runs]
@@ -123,20 +131,45 @@ def texts_under(*folders: Path) -> dict[str, str]:
     found = {}
     for folder in folders:
         for path in folder.rglob("*"):
-            if path.is_file() and not path.name.startswith(("api-client", ".api-client")) and "prefect_home" not in path.parts:
+            if (path.is_file() and not path.name.startswith(("api-client", ".api-client"))
+                    and "prefect_home" not in path.parts and "api-tls" not in path.parts):
                 found[str(path)] = path.read_text(errors="replace")
     return found
 
 
-def assert_nowhere(secret: str, **places) -> None:
+def assert_nowhere(secret: str | list[str], **places) -> None:
+    """No ``secret`` (the credential, or each line of a key's PEM body) in any of ``places``."""
+    secrets = [secret] if isinstance(secret, str) else secret
+    assert secrets and all(secrets)
     for name, text in places.items():
         blob = "\n".join(text) if isinstance(text, (set, list, tuple)) else (
             "\n".join(f"{k}\n{v}" for k, v in text.items()) if isinstance(text, dict) else str(text))
         assert blob, f"nothing collected for {name}"
-        assert secret not in blob, f"the credential appears in {name}"
+        for one in secrets:
+            assert one not in blob, f"the {'credential' if isinstance(secret, str) else 'server key'} appears in {name}"
 
 
-def test_cli_serves_beyond_loopback_with_auth(tmp_path):
+def tls_files(home: Path) -> dict:
+    """The server's certificate folder, checked private; its key's PEM body lines."""
+    folder = home / "api-tls"
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert sorted(p.name for p in folder.iterdir()) == ["ca.pem", "cert.pem", "key.pem"]
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in folder.iterdir())
+    return {"folder": folder, "ca": str(folder / "ca.pem"), "key_lines": key_lines(folder / "key.pem")}
+
+
+def ui_settings(ui_url: str, creds) -> dict:
+    """The UI's ``/ui-settings`` over HTTPS (where the browser's UI finds its API)."""
+    import ssl
+
+    request = urllib.request.Request(f"{ui_url}/ui-settings", headers={
+        "Authorization": "Basic " + base64.b64encode(creds.auth_string.encode()).decode()})
+    context = ssl.create_default_context(cafile=creds.ssl_cert_file)
+    with urllib.request.urlopen(request, timeout=30, context=context) as response:
+        return json.loads(response.read())
+
+
+def test_cli_serves_beyond_loopback_over_https_with_auth(tmp_path):
     address = non_loopback_address()
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, num_shards=2))
     home = tmp_path / "home"
@@ -155,23 +188,29 @@ def test_cli_serves_beyond_loopback_with_auth(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         info = json.loads((home / "server.json").read_text())
         creds = read_client_file(client_file(home))
+        tls = tls_files(home)
         assert oct((home / "api-client.json").stat().st_mode & 0o777) == "0o600"
-        assert info["auth"] is True and creds.api_url == info["api_url"] and creds.api_url.startswith(f"http://{address}:")
-        assert (f"Prefect API: {creds.api_url} (basic auth; credential in {home / 'api-client.json'}, mode 0600)"
-                in proc.stderr)
-        assert status_of(creds.api_url, None) == 401
-        assert status_of(creds.api_url, "espnet3:wrong") == 401
-        assert status_of(creds.api_url, creds.auth_string) == 200
+        assert info["auth"] is True and creds.api_url == info["api_url"] and creds.api_url.startswith(f"https://{address}:")
+        assert creds.ssl_cert_file == tls["ca"] == info["ssl_cert_file"]
+        assert (f"Prefect API: {creds.api_url} (HTTPS, verified with {tls['ca']}; basic auth; credential in "
+                f"{home / 'api-client.json'}, mode 0600)" in proc.stderr), proc.stderr[-2000:]
+        assert_only_both_get_in(probe(creds.api_url, creds.auth_string, creds.ssl_cert_file))
+        assert status_of(creds.api_url, "espnet3:wrong", creds.ssl_cert_file) == 401
+        assert ui_settings(info["ui_url"], creds)["api_url"] == creds.api_url  # the UI's API is https:// too
         seen = recorded(creds)
         assert seen["tasks"].get("run-shard-test_a-0") == "COMPLETED" and seen["tasks"].get("run-shard-test_a-1") == "COMPLETED"
-        assert_nowhere(creds.auth_string, cli_output=proc.stdout + proc.stderr, flow_run_parameters=seen["parameters"],
-                       flow_run_logs=seen["logs"], command_lines=watch.cmdlines, our_files=texts_under(home, tmp_path / "inference"))
+        places = dict(cli_output=proc.stdout + proc.stderr, flow_run_parameters=seen["parameters"],
+                      flow_run_logs=seen["logs"], command_lines=watch.cmdlines,
+                      our_files=texts_under(home, tmp_path / "inference"), server_log=(home / "server.log").read_text())
+        assert_nowhere(creds.auth_string, **places)
+        assert_nowhere(tls["key_lines"], **places)
         secret_part = creds.auth_string.split(":", 1)[1]
         assert not any(secret_part in line for line in watch.cmdlines)
         stop = subprocess.run([*CLI, "servers", "--stop", str(info["pid"])], env=cli_env(home), capture_output=True,
                               text=True, timeout=120)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert not client_file(home).exists()  # no stale credential left behind
+        assert not tls["folder"].exists()  # nor the server's key
     finally:
         from espnet3_prefect.server import stop_server
         from espnet3_prefect.util import read_json
@@ -181,22 +220,47 @@ def test_cli_serves_beyond_loopback_with_auth(tmp_path):
             stop_server(kept["pid"])
 
 
+def test_https_is_the_users_choice_plain_beyond_loopback_or_https_on_loopback(tmp_path, monkeypatch):
+    """``--no-server-tls`` beyond loopback: plain HTTP, auth still on; ``--server-tls`` on 127.0.0.1: HTTPS
+    (no auth asked); what a run gets in its environment either way."""
+    from espnet3_prefect.server import prefect_api
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
+    address = non_loopback_address()
+    with prefect_api(tmp_path / "plain", ui=False, host=address, tls=False) as url:
+        creds = read_client_file(client_file(tmp_path / "plain"))
+        assert url.startswith(f"http://{address}:") and creds.ssl_cert_file is None and creds.auth_string
+        assert "PREFECT_API_SSL_CERT_FILE" not in os.environ and not (tmp_path / "plain" / "api-tls").exists()
+        assert status_of(url, None) == 401 and status_of(url, creds.auth_string) == 200
+    with prefect_api(tmp_path / "local", ui=False, tls=True) as url:
+        creds = read_client_file(client_file(tmp_path / "local"))
+        assert url.startswith("https://127.0.0.1:") and creds.auth_string is None
+        assert os.environ["PREFECT_API_SSL_CERT_FILE"] == creds.ssl_cert_file == str(tmp_path / "local/api-tls/ca.pem")
+        assert status_of(url, None, creds.ssl_cert_file) == 200
+        assert status_of(url.replace("127.0.0.1", "localhost"), None, creds.ssl_cert_file) == 200  # both names
+    assert not (tmp_path / "local" / "api-tls").exists() and not client_file(tmp_path / "local").exists()
+
+
 # -- batch schedulers: one authed server for the module, the CLI reuses it --------------------------
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """A server on this machine's non-loopback address with auth, as ``--server-host`` starts it."""
-    from espnet3_prefect.server import start_recorded, stop_server
+    """A server on this machine's non-loopback address with HTTPS and auth, as ``--server-host`` starts it."""
+    from espnet3_prefect.server import forget_server, start_recorded, stop_server
 
     address = non_loopback_address()
     home = tmp_path_factory.mktemp("authed-home")
-    info = start_recorded(home, ui=False, host=address, auth=True)
+    info = start_recorded(home, ui=False, host=address, auth=True, tls=True, given_host=address)
     (home / "users").mkdir(exist_ok=True)
     (home / "users" / str(info["pid"])).touch()  # a user: the CLI runs leave it running
     try:
-        yield {"home": home, "address": address, "info": info, "creds": read_client_file(client_file(home))}
+        creds = read_client_file(client_file(home))
+        assert creds.api_url.startswith("https://") and creds.ssl_cert_file
+        yield {"home": home, "address": address, "info": info, "creds": creds, "key_lines": tls_files(home)["key_lines"]}
     finally:
         stop_server(info["pid"])
+        forget_server(home, info["pid"], info["api_url"])
 
 
 def job_probe(env: str, tag_prefix: str = "e3p-"):
@@ -234,11 +298,11 @@ def test_batch_workers_record_task_runs_through_the_client_file(scheduler, serve
     path = write_yaml(tmp_path / "inference.yaml", cfg)
     run_env = cli_env(home)
     script = subprocess.run([*CLI, "cluster-script", "--config", str(path)], capture_output=True, text=True, timeout=120,
-                            env={**run_env, "PREFECT_API_URL": creds.api_url, "PREFECT_API_AUTH_STRING": creds.auth_string,
-                                 "ESPNET3_PREFECT_CLIENT_FILE": creds.source}, cwd=tmp_path)
+                            env={**run_env, **creds.environ(), "ESPNET3_PREFECT_CLIENT_FILE": creds.source}, cwd=tmp_path)
     assert script.returncode == 0, script.stderr
     assert f"export ESPNET3_PREFECT_CLIENT_FILE={creds.source}" in script.stdout
     assert "--preload espnet3_prefect.worker_api" in script.stdout
+    assert "PREFECT_API_SSL_CERT_FILE" not in script.stdout  # the client file names it
 
     watch = Watch(job_probe(env))
     watch.start()
@@ -246,7 +310,7 @@ def test_batch_workers_record_task_runs_through_the_client_file(scheduler, serve
                           env=run_env, capture_output=True, text=True, timeout=500, cwd=tmp_path)
     watch.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "basic auth; credential in" in proc.stderr
+    assert f"Prefect API: {creds.api_url} (HTTPS, verified with {creds.ssl_cert_file}; basic auth; credential in" in proc.stderr
     jobs = {line.split()[0] for line in (tmp_path / "jobs.log").read_text().splitlines()}
     assert jobs and all(j.isdigit() for j in jobs), jobs  # the items were computed inside batch jobs
     assert any(f"$ {'scontrol show job' if env == 'slurm' else 'qstat -j'}" in text and
@@ -254,11 +318,13 @@ def test_batch_workers_record_task_runs_through_the_client_file(scheduler, serve
     seen = recorded(creds)
     shards = {name: state for name, state in seen["tasks"].items() if name.startswith("run-shard-test_a")}
     assert len(shards) >= 2 and set(shards.values()) == {"COMPLETED"}, seen["tasks"]
-    assert status_of(creds.api_url, None) == 401
-    assert_nowhere(creds.auth_string, cluster_script=script.stdout + script.stderr, cli_output=proc.stdout + proc.stderr,
-                   scheduler_views=watch.probed, command_lines=watch.cmdlines, flow_run_parameters=seen["parameters"],
-                   flow_run_logs=seen["logs"], job_logs_and_outputs=texts_under(tmp_path / "inference"),
-                   server_log=(home / "server.log").read_text())
+    assert_only_both_get_in(probe(creds.api_url, creds.auth_string, creds.ssl_cert_file))
+    places = dict(cluster_script=script.stdout + script.stderr, cli_output=proc.stdout + proc.stderr,
+                  scheduler_views=watch.probed, command_lines=watch.cmdlines, flow_run_parameters=seen["parameters"],
+                  flow_run_logs=seen["logs"], job_logs_and_outputs=texts_under(tmp_path / "inference"),
+                  server_log=(home / "server.log").read_text())
+    assert_nowhere(creds.auth_string, **places)
+    assert_nowhere(served["key_lines"], **places)
 
 
 @pytest.mark.slurm
@@ -278,6 +344,35 @@ def test_a_client_file_the_node_cannot_read_fails_the_run_on_one_line(slurm, ser
     assert line in proc.stderr, proc.stderr[-3000:]
     assert "ended before a Dask worker connected" in proc.stderr
     assert time.monotonic() - started < 240
+
+
+@pytest.mark.slurm
+def test_a_server_of_your_own_over_https_with_your_ca_serves_batch_workers(slurm, served, tmp_path):
+    """``PREFECT_API_URL=https://...`` with ``PREFECT_API_SSL_CERT_FILE`` (your CA) and a credential: no
+    embedded server; SLURM workers verify your server with your CA file through the external client file."""
+    creds = served["creds"]  # stands in for your server: HTTPS with its own authority, basic auth
+    cfg = toy_config(tmp_path, n=6, num_shards=2)
+    cfg["dataset"]["test"][0]["name"] = "own_server"
+    cfg["runner"]["_target_"] = "tests.helpers.toy.JobRecordingRunner"
+    cfg["provider"]["params"].update(job_log=str(tmp_path / "jobs.log"))
+    cfg["parallel"] = batch_parallel(slurm, n_workers=1, num_shards=2)
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    home = tmp_path / "own-home"
+    env = {**cli_env(home), "PREFECT_API_URL": creds.api_url, "PREFECT_API_AUTH_STRING": creds.auth_string,
+           "PREFECT_API_SSL_CERT_FILE": creds.ssl_cert_file}
+    tls_flag = subprocess.run([*CLI, "infer", "--config", str(path), "--server-tls"], env=env, capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+    assert tls_flag.returncode != 0 and "--server-tls: PREFECT_API_URL is set" in tls_flag.stderr
+    proc = subprocess.run([*CLI, "infer", "--config", str(path)], env=env, capture_output=True, text=True,
+                          timeout=500, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    external = read_client_file(home / "api-client-external.json")
+    assert (external.api_url, external.ssl_cert_file) == (creds.api_url, creds.ssl_cert_file)
+    assert not (home / "server.json").exists() and not (home / "api-tls").exists()  # no embedded server
+    jobs = {line.split()[0] for line in (tmp_path / "jobs.log").read_text().splitlines()}
+    assert jobs and all(j.isdigit() for j in jobs), jobs
+    shards = {n: s for n, s in recorded(creds)["tasks"].items() if n.startswith("run-shard-own_server")}
+    assert len(shards) == 2 and set(shards.values()) == {"COMPLETED"}, shards
 
 
 @pytest.mark.ssh
@@ -302,10 +397,14 @@ def test_ssh_workers_record_task_runs_through_the_client_file(sshd, served, tmp_
     remote = [env for env in watch.dask_spec_environs if env.get("ESPNET3_PREFECT_CLIENT_FILE") == str(creds.source)]
     assert remote, "no ssh-started Dask process had the client file's path in its environment"
     assert not any("PREFECT_API_AUTH_STRING" in env for env in remote)  # it came from the file, not the ssh command
+    assert not any("PREFECT_API_SSL_CERT_FILE" in env for env in remote)  # nor the certificate's path
     seen = recorded(creds)
     assert sum(1 for n, st in seen["tasks"].items() if n.startswith("run-shard-test_a") and st == "COMPLETED") >= 2
-    assert_nowhere(creds.auth_string, cli_output=proc.stdout + proc.stderr, command_lines=watch.cmdlines,
-                   flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"])
+    places = dict(cli_output=proc.stdout + proc.stderr, command_lines=watch.cmdlines,
+                  remote_environments=[json.dumps(env) for env in watch.dask_spec_environs],
+                  flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"])
+    assert_nowhere(creds.auth_string, **places)
+    assert_nowhere(served["key_lines"], **places)
 
 
 # -- a worker in its own network namespace --------------------------------------------------------
@@ -352,14 +451,18 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
     from distributed import Client
 
     from espnet3_prefect._proc import stop_group
-    from espnet3_prefect.server import start_recorded, stop_server
+    from espnet3_prefect.server import forget_server, start_recorded, stop_server
 
     home = tmp_path / "home"
     home.mkdir()
-    info = start_recorded(home, ui=False, host=netns["host"], auth=True)
+    info = start_recorded(home, ui=False, host=netns["host"], auth=True, tls=True, given_host=netns["host"])
     (home / "users").mkdir(exist_ok=True)
     (home / "users" / str(info["pid"])).touch()
     creds = read_client_file(client_file(home))
+    assert creds.api_url.startswith(f"https://{netns['host']}:")
+    key = tls_files(home)["key_lines"]
+    watch = Watch()
+    watch.start()
     port = random.randint(20000, 40000)
     scheduler_address = f"tcp://{netns['host']}:{port}"
     plain = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "ESPNET3_PREFECT"))}
@@ -401,22 +504,29 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
         seen = recorded(creds)
         shards = {n: s for n, s in seen["tasks"].items() if n.startswith("run-shard-test_a")}
         assert len(shards) == 2 and set(shards.values()) == {"COMPLETED"}, seen["tasks"]
-        assert status_of(creds.api_url, None) == 401
-        reach = subprocess.run(["ip", "netns", "exec", netns["name"], sys.executable, "-c",
-                                      f"import urllib.request; urllib.request.urlopen('{creds.api_url}/health', timeout=5)"],
-                                     capture_output=True, text=True, timeout=60)
-        assert reach.returncode == 0, reach.stderr  # the namespace reaches the API over the veth pair
+        assert_only_both_get_in(probe(creds.api_url, creds.auth_string, creds.ssl_cert_file))
+        # From the namespace, over the veth pair: the same four answers.
+        reach = subprocess.run(["ip", "netns", "exec", netns["name"], sys.executable, "-m", "tests.helpers.https_api",
+                                creds.source], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                               env={**plain, "PYTHONPATH": str(ROOT)})
+        assert reach.returncode == 0, reach.stderr
+        assert_only_both_get_in(json.loads(reach.stdout))
+        watch.stop()
+        assert_nowhere(key, cli_output=proc.stdout + proc.stderr, command_lines=watch.cmdlines,
+                       flow_run_logs=seen["logs"], server_log=(home / "server.log").read_text(),
+                       worker_log=(tmp_path / "worker.log").read_text() + "(collected)")
     finally:
+        watch.stop()
         for proc in reversed(procs):
             stop_group(proc.pid, 20)
         stop_server(info["pid"])
+        forget_server(home, info["pid"], info["api_url"])
+    assert not (home / "api-tls").exists()
 
 
 # -- deploy-local --host: the deployments' server, worker and flow runs with auth ------------------
 
-def test_deploy_local_beyond_loopback_with_auth_and_a_detached_run(tmp_path):
-    from prefect.client.orchestration import SyncPrefectClient
-
+def test_deploy_local_beyond_loopback_over_https_with_auth_and_a_detached_run(tmp_path):
     from espnet3_prefect.server import free_port
 
     address = non_loopback_address()
@@ -430,15 +540,20 @@ def test_deploy_local_beyond_loopback_with_auth_and_a_detached_run(tmp_path):
                                "--project-dir", str(project)], env=env, capture_output=True, text=True, timeout=500)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         creds = read_client_file(client_file(home))
-        assert creds.api_url.startswith(f"http://{address}:") and f"export PREFECT_API_URL={creds.api_url}" in proc.stdout
+        tls = tls_files(home)
+        assert creds.api_url.startswith(f"https://{address}:") and f"export PREFECT_API_URL={creds.api_url}" in proc.stdout
+        assert f"UI:      {creds.api_url[:-len('/api')]}" in proc.stdout
         assert f"auth:    basic auth; credential in {home / 'api-client.json'} (mode 0600)" in proc.stdout
-        assert status_of(creds.api_url, None) == 401
+        assert f"export PREFECT_API_SSL_CERT_FILE={tls['ca']}" in proc.stdout and creds.ssl_cert_file == tls["ca"]
+        assert_only_both_get_in(probe(creds.api_url, creds.auth_string, creds.ssl_cert_file))
+        assert ui_settings(creds.api_url[:-len("/api")], creds)["api_url"] == creds.api_url
         cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=6, num_shards=2))
         detached = subprocess.run([*CLI, "infer", "--detach", "--config", str(cfg)], env=env, cwd=tmp_path,
                                   capture_output=True, text=True, timeout=120)
         assert detached.returncode == 0, detached.stderr[-3000:]
         run_id = detached.stdout.split("flow run id: ")[1].split()[0]
-        with SyncPrefectClient(creds.api_url, auth_string=creds.auth_string) as client:
+        assert f"watch:       PREFECT_API_SSL_CERT_FILE={tls['ca']} PREFECT_API_URL={creds.api_url}" in detached.stdout
+        with creds.sync_client() as client:  # the process pool's flow run reaches the server over HTTPS
             deadline = time.monotonic() + 300
             while not (run := client.read_flow_run(run_id)).state.is_final() and time.monotonic() < deadline:
                 time.sleep(1)
@@ -446,11 +561,13 @@ def test_deploy_local_beyond_loopback_with_auth_and_a_detached_run(tmp_path):
         watch.stop()
         seen = recorded(creds)
         assert {"run-shard-test_a-0", "run-shard-test_a-1"} <= set(seen["tasks"]), seen["tasks"]
-        assert_nowhere(creds.auth_string, cli_output=proc.stdout + proc.stderr + detached.stdout + detached.stderr,
-                       flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"],
-                       command_lines=watch.cmdlines, our_files=texts_under(home, tmp_path / "inference"))
+        places = dict(cli_output=proc.stdout + proc.stderr + detached.stdout + detached.stderr,
+                      flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"], command_lines=watch.cmdlines,
+                      our_files=texts_under(home, tmp_path / "inference"), worker_log=(home / "worker.log").read_text())
+        assert_nowhere(creds.auth_string, **places)
+        assert_nowhere(tls["key_lines"], **places)
     finally:
         watch.stop()
         stop = subprocess.run([*CLI, "deploy-local", "--stop"], env=env, capture_output=True, text=True, timeout=120)
         assert stop.returncode == 0, stop.stderr
-        assert not client_file(home).exists()
+        assert not client_file(home).exists() and not (home / "api-tls").exists()
