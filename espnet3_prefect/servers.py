@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ._proc import pid_alive, stop_tree
+from .errors import Espnet3PrefectError
 from .api_auth import CLIENT_FILE_NAME
 from .server import healthy, registry_dir, stop_server
 
@@ -160,3 +161,23 @@ def format_servers(servers: list[ServerRecord]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + (f"  ({r[4]})" if r[4] else "") for r in rows]
     lines[0] = lines[0].rstrip()
     return "\n".join(lines) + "\nstop one: espnet3-prefect servers --stop <UI URL or pid>; all: --stop all"
+
+
+def find_api(state: str | None) -> tuple[str, str | None]:
+    """``$PREFECT_API_URL`` (with ``$PREFECT_API_AUTH_STRING``), else the server ``deploy-local`` (or
+    ``--keep-server``) left running (with the credential of its client file when it asks for auth)."""
+    from .api_auth import server_client
+    from .server import healthy, running_server, state_dir
+
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        if not healthy(url):
+            raise Espnet3PrefectError(f"PREFECT_API_URL={url} does not answer")
+        return url, os.environ.get("PREFECT_API_AUTH_STRING") or None
+    home = state_dir(state)
+    info = running_server(home)
+    if info is None:
+        raise Espnet3PrefectError("no Prefect server to submit to: run `espnet3-prefect deploy-local` "
+                                  "(or set PREFECT_API_URL to a server with the deployments)")
+    creds = server_client(home, info, wanted_host=None, wanted_auth=False)
+    return creds.api_url, creds.auth_string

@@ -27,26 +27,6 @@ def _deployment_name(name: str) -> str:
     return name if "/" in name else f"infer/{name}"
 
 
-def find_api(state: str | None) -> tuple[str, str | None]:
-    """``$PREFECT_API_URL`` (with ``$PREFECT_API_AUTH_STRING``), else the server ``deploy-local`` (or
-    ``--keep-server``) left running (with the credential of its client file when it asks for auth)."""
-    from ..api_auth import server_client
-    from ..server import healthy, running_server, state_dir
-
-    url = os.environ.get("PREFECT_API_URL")
-    if url:
-        if not healthy(url):
-            raise Espnet3PrefectError(f"PREFECT_API_URL={url} does not answer")
-        return url, os.environ.get("PREFECT_API_AUTH_STRING") or None
-    home = state_dir(state)
-    info = running_server(home)
-    if info is None:
-        raise Espnet3PrefectError("no Prefect server to submit to: run `espnet3-prefect deploy-local` "
-                                  "(or set PREFECT_API_URL to a server with the deployments)")
-    creds = server_client(home, info, wanted_host=None, wanted_auth=False)
-    return creds.api_url, creds.auth_string
-
-
 def run_detach(args: argparse.Namespace) -> int:
     from ..config import load_config_input
     from ..stage import prepare_stages
@@ -54,6 +34,8 @@ def run_detach(args: argparse.Namespace) -> int:
 
     config, overrides = infer_input(args)  # in an ESPnet3 recipe: the launcher's config, resolved
     prepare_stages(load_config_input(config, overrides))  # fail here, not in the worker
+    from ..servers import find_api
+
     api_url, auth_string = find_api(args.state_dir)
     name = _deployment_name(args.deployment)
     if isinstance(config, list):
