@@ -85,15 +85,22 @@ async def _send(fields: list[dict], confirm_timeout_s: float) -> None:
                         await events_client.emit(event)
             resend_at = time.monotonic() + 15
             while time.monotonic() < min(resend_at, deadline):
-                page = await client.read_events(EventFilter(id=EventIDFilter(id=list(wanted)), occurred=window),
-                                                limit=len(wanted) + 10)
-                wanted -= {e.id for e in page.events}
+                for chunk in _chunks(sorted(wanted, key=str), 40):  # the API answers 50 events at most
+                    page = await client.read_events(EventFilter(id=EventIDFilter(id=chunk), occurred=window), limit=50)
+                    wanted -= {e.id for e in page.events}
                 if not wanted:
                     return
                 await asyncio.sleep(0.5)
             if time.monotonic() >= deadline:
                 raise Espnet3PrefectError(f"the server did not list checkpoint event(s) {sorted(map(str, wanted))} "
                                           f"within {confirm_timeout_s:.0f} s of sending them")
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    """>>> _chunks([1, 2, 3], 2)
+    [[1, 2], [3]]
+    """
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 class EmittedState:

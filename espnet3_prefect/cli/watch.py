@@ -42,8 +42,11 @@ def watch_checkpoints(args: argparse.Namespace) -> int:
 
     exp_dir = Path(args.exp_dir).expanduser()
     api_url, auth = find_api(args.state_dir)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    logging.getLogger("espnet3_prefect.watch").setLevel(logging.INFO)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    log = logging.getLogger("espnet3_prefect.watch")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
     with prefect_settings(api_url, auth), EmittedState(state_path(exp_dir, args.state_file)) as state:
         watcher = Watcher(exp_dir, state, tuple(args.pattern or DEFAULT_PATTERNS), args.mode, args.settle_s)
         print(f"watching {watcher.exp_dir} ({', '.join(watcher.patterns)}; mode {args.mode}); events to {api_url}; "
