@@ -38,7 +38,9 @@ CONFIRM_TIMEOUT_S = 60.0
 
 
 def resource_id(sha256: str) -> str:
-    """>>> resource_id("ab" * 32)[:22]
+    """The event's resource: the checkpoint's content.
+
+    >>> resource_id("ab" * 32)[:22]
     'espnet3.checkpoint.aba'
     """
     return f"{RESOURCE_PREFIX}{sha256}"
@@ -97,7 +99,9 @@ async def _send(fields: list[dict], confirm_timeout_s: float) -> None:
 
 
 def _chunks(items: list, size: int) -> list[list]:
-    """>>> _chunks([1, 2, 3], 2)
+    """``items`` in lists of ``size``.
+
+    >>> _chunks([1, 2, 3], 2)
     [[1, 2], [3]]
     """
     return [items[i:i + size] for i in range(0, len(items), size)]
