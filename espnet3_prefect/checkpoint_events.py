@@ -46,10 +46,11 @@ def resource_id(sha256: str) -> str:
     return f"{RESOURCE_PREFIX}{sha256}"
 
 
-def event_fields(info: dict, exp_dir: Path | None, event_id: str) -> dict[str, Any]:
-    """The event's fields for :class:`prefect.events.Event` (and what the state file keeps)."""
+def event_fields(info: dict, exp_dir: Path | None, event_id: str, latest: bool = False) -> dict[str, Any]:
+    """The event's fields for :class:`prefect.events.Event` (and what the state file keeps). ``latest``:
+    the sender wants only the newest checkpoint evaluated (a queued run passes over for a newer one)."""
     payload = {k: info.get(k) for k in ("path", "name", "sha256", "bytes", "epoch", "step")}
-    payload["exp_dir"] = str(exp_dir) if exp_dir else None
+    payload.update(exp_dir=str(exp_dir) if exp_dir else None, latest=bool(latest))
     resource = {"prefect.resource.id": resource_id(info["sha256"]), "prefect.resource.name": info["name"],
                 "espnet3.checkpoint.path": info["path"]}
     if exp_dir:
@@ -152,10 +153,10 @@ class EmittedState:
                 return {"state": key, **self.data[key][sha256]}
         return None
 
-    def emit(self, infos: list[dict], exp_dir: Path | None) -> list[dict]:
+    def emit(self, infos: list[dict], exp_dir: Path | None, latest: bool = False) -> list[dict]:
         """Send one event per checkpoint of ``infos`` not known yet (in order); returns the events sent."""
         fresh = [info for info in infos if self.known(info["sha256"]) is None]
-        fields = [event_fields(info, exp_dir, str(uuid.uuid4())) for info in fresh]
+        fields = [event_fields(info, exp_dir, str(uuid.uuid4()), latest) for info in fresh]
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         for f in fields:
             self.data["pending"][f["payload"]["sha256"]] = {"event_id": f["id"], "path": f["payload"]["path"],
@@ -186,14 +187,15 @@ def state_path(exp_dir: Path, state_file: str | Path | None = None) -> Path:
 
 
 def checkpoint_saved(path: str | Path, *, exp_dir: str | Path | None = None, state_file: str | Path | None = None,
-                     api_url: str | None = None) -> str | None:
+                     api_url: str | None = None, latest: bool = False) -> str | None:
     """Tell the Prefect server a checkpoint is complete: one ``espnet3.checkpoint.saved`` event, sent and
     confirmed, unless this content was already sent (a copy, a re-save): then nothing, and None.
 
     Call it after the file is closed (e.g. from a Lightning ``CheckpointIO.save_checkpoint`` override).
     ``exp_dir`` (default: the checkpoint's folder) keys the state file shared with
     ``espnet3-prefect watch-checkpoints``; the server is ``api_url``, else ``$PREFECT_API_URL``, else
-    the one ``deploy-local`` left running for this project. Returns the event id.
+    the one ``deploy-local`` left running for this project. ``latest``: a run still queued when a newer
+    checkpoint's run is queued behind it passes over (only the newest is evaluated). Returns the event id.
     """
     from .checkpoint import checkpoint_info
     from .servers import find_api
@@ -203,7 +205,7 @@ def checkpoint_saved(path: str | Path, *, exp_dir: str | Path | None = None, sta
     url, auth = (api_url, os.environ.get("PREFECT_API_AUTH_STRING")) if api_url else find_api(None)
     with prefect_settings(url, auth), EmittedState(state_path(folder, state_file)) as state:
         state.flush_pending()
-        sent = state.emit([info], folder)
+        sent = state.emit([info], folder, latest)
     return sent[0]["id"] if sent else None
 
 

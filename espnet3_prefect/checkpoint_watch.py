@@ -8,7 +8,9 @@ of the same weights, ``last.ckpt`` beside its twin, and everything sent before a
 file, :class:`~espnet3_prefect.checkpoint_events.EmittedState`) are not sent again.
 
 ``mode="all"`` sends every new checkpoint, oldest first; ``mode="latest"`` sends only the newest of
-those complete at one poll (the others are recorded as passed over, never sent later).
+those complete at one poll (the others are recorded as passed over, never sent later), and marks its
+events ``latest``: an ``evaluate`` run they start that is still queued when a newer one is queued
+behind it passes over (only the newest is evaluated).
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ class Watcher:
                 self.state.pass_over(older, infos[-1])
                 log.info("%s: passed over (--mode latest): %s is newer", older["name"], infos[-1]["name"])
             infos = infos[-1:]
-        sent = self.state.emit(infos, self.exp_dir)
+        sent = self.state.emit(infos, self.exp_dir, latest=self.mode == "latest")
         for info in infos:
             log.info("sent %s for %s", "espnet3.checkpoint.saved", describe(info))
         return sent

@@ -99,7 +99,7 @@ def _drop(data: dict, dotted: str) -> None:
 def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
              infer_overrides: list[str] | None = None, metrics_overrides: list[str] | None = None,
              workdir: str | None = None, checkpoint: str | None = None, checkpoint_key: str | None = None,
-             checkpoint_sha256: str | None = None) -> dict[str, Any]:
+             checkpoint_sha256: str | None = None, latest_only: bool | None = None) -> dict[str, Any]:
     """Evaluate a model: infer (subflow), metrics (subflow), history, trend artifact and plot.
 
     ``checkpoint``: a checkpoint file to evaluate; its path fills ``checkpoint_key`` of the inference
@@ -107,6 +107,9 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
     Its path, sha256, epoch and step are recorded with the scores, and a checkpoint already scored
     with this config is not decoded again (the run returns that record). ``checkpoint_sha256``: the
     hash the checkpoint event announced (a file changed since is evaluated as it is now, with a warning).
+    ``latest_only`` (``watch-checkpoints --mode latest``): when a newer run of this deployment with
+    ``latest_only`` exists (queued behind this one, or already running or done), this one passes over
+    its checkpoint (nothing decoded, no history line).
 
     Returns this run's history record. Example::
 
@@ -129,6 +132,10 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
         if checkpoint_sha256 and checkpoint_sha256 != ckpt["sha256"]:
             logger.warning("checkpoint %s changed since its event (sha256 %s then, %s now): evaluating it as it is now",
                            ckpt["path"], checkpoint_sha256[:12], ckpt["sha256"][:12])
+        newer = newer_run() if latest_only else None
+        if newer is not None:
+            logger.info("passed over (latest only): run %s is for a newer checkpoint; nothing decoded", newer)
+            return {"checkpoint": ckpt, "passed_over_for": newer, "status": f"passed over for run {newer}"}
         done = already_scored(history, ckpt["sha256"], fp)
         if done is not None:
             logger.info("checkpoint %s already scored with this config at %s (flow run %s): nothing decoded",
@@ -177,6 +184,29 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
                                  description=f"evaluate: scores per checkpoint of {out_dir}")
         logger.info("checkpoint trend: %d checkpoint(s); plot: %s", len(points), ckpt_plot)
     return record
+
+
+def newer_run() -> str | None:
+    """The name of a run of this run's deployment created after it with ``latest_only``, queued, running
+    or done (not failed or cancelled): this run's checkpoint is not the newest any more."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter,
+                                                FlowRunFilterState, FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return None
+    with get_client(sync_client=True) as client:
+        me = client.read_flow_run(flow_run.id)
+        if me.deployment_id is None:
+            return None
+        waiting = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[me.deployment_id])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.COMPLETED]))))
+    newer = [r for r in waiting if r.id != me.id and r.parameters.get("latest_only") and r.created > me.created]
+    return max(newer, key=lambda r: r.created).name if newer else None
 
 
 def label_run(ckpt: dict) -> None:

@@ -42,12 +42,8 @@ def watch_checkpoints(args: argparse.Namespace) -> int:
 
     exp_dir = Path(args.exp_dir).expanduser()
     api_url, auth = find_api(args.state_dir)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    log = logging.getLogger("espnet3_prefect.watch")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
     with prefect_settings(api_url, auth), EmittedState(state_path(exp_dir, args.state_file)) as state:
+        _log_to_stderr()  # after Prefect set up its logging (which turns off loggers made before it)
         watcher = Watcher(exp_dir, state, tuple(args.pattern or DEFAULT_PATTERNS), args.mode, args.settle_s)
         print(f"watching {watcher.exp_dir} ({', '.join(watcher.patterns)}; mode {args.mode}); events to {api_url}; "
               f"state {state.path}", file=sys.stderr, flush=True)
@@ -57,3 +53,12 @@ def watch_checkpoints(args: argparse.Namespace) -> int:
             return 0
         watcher.run(args.poll_s)
     return 0
+
+
+def _log_to_stderr() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    log = logging.getLogger("espnet3_prefect.watch")
+    log.disabled, log.propagate = False, False
+    log.handlers = [handler]
+    log.setLevel(logging.INFO)

@@ -76,11 +76,11 @@ def deployed(tmp_path_factory):
 
 
 class WatcherProc:
-    def __init__(self, d, exp_dir: Path, log: Path):
+    def __init__(self, d, exp_dir: Path, log: Path, *extra: str):
         self.log = log
         handle = open(log, "ab")
         self.proc = subprocess.Popen([*CLI, "watch-checkpoints", str(exp_dir), "--settle-s", str(SETTLE_S),
-                                      "--poll-s", "0.5"], env=d["env"], cwd=d["project"], stdout=handle,
+                                      "--poll-s", "0.5", *extra], env=d["env"], cwd=d["project"], stdout=handle,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         handle.close()
         deadline = time.monotonic() + 60
@@ -155,7 +155,12 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
         last_byte = time.time()
         wait_for(lambda: len(history(d)) == 1, 300, "the first checkpoint's evaluation")
         latency_s = metrics.stat().st_mtime - last_byte
-        print(f"\nlatency, last byte of {first.name} -> its metrics.json: {latency_s:.1f} s")
+        [event] = checkpoint_events(d)
+        [run] = checkpoint_runs(d)
+        marks = {"event sent": event.occurred.timestamp(), "run created": run.created.timestamp(),
+                 "run started": run.start_time.timestamp(), "metrics.json": metrics.stat().st_mtime}
+        print(f"\nlatency, last byte of {first.name} -> its metrics.json: {latency_s:.1f} s ("
+              + ", ".join(f"{k} +{v - last_byte:.1f} s" for k, v in marks.items()) + ")")
         assert history(d)[0]["checkpoint"]["epoch"] == 1
 
         # 2: zip written in slow chunks (pauses beyond a poll), 3: the old torch format (no zip end
@@ -224,3 +229,20 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
     assert run.state.is_completed() and len(history(d)) == 3  # nothing decoded, nothing appended
     assert run.name == f"evaluate-{first.name}-{records[0]['checkpoint']['sha256'][:8]}"
     assert len(checkpoint_events(d)) == 4
+
+    # --mode latest: epoch 5 and 6 arrive while epoch 4 is evaluated; 5 is passed over for 6
+    watcher = WatcherProc(d, exp, log, "--mode", "latest")
+    try:
+        fourth = exp / "epoch=4-step=400.ckpt"
+        fourth.write_bytes(demo_checkpoint(4, [2]))
+        wait_for(lambda: [r for r in checkpoint_runs(d) if r.name.startswith(f"evaluate-{fourth.name}")
+                          and r.state.is_running()], 300, "the fourth checkpoint's run to start")
+        fifth, sixth = exp / "epoch=5-step=500.ckpt", exp / "epoch=6-step=600.ckpt"
+        fifth.write_bytes(demo_checkpoint(5, [3]))
+        wait_for(lambda: len(checkpoint_runs(d)) == 6, 120, "the fifth checkpoint's run to be queued")
+        sixth.write_bytes(demo_checkpoint(6, [4]))
+        wait_for(lambda: len([r for r in checkpoint_runs(d) if r.state.is_final()]) == 7, 400, "seven runs")
+    finally:
+        watcher.kill()
+    assert all(r.state.is_completed() for r in checkpoint_runs(d))
+    assert [r["checkpoint"]["name"] for r in history(d)][3:] == [fourth.name, sixth.name]  # no fifth
