@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .atomic import file_digest
 from .checkpoint import checkpoint_info, describe, parse_name, zip_complete
 from .checkpoint_events import EmittedState
 from .errors import ConfigError
@@ -84,13 +85,14 @@ class Watcher:
             if now - entry.since < self.settle_s and not zip_complete(path):
                 continue
             if entry.sha256 is None:
-                info = checkpoint_info(path)
-                if (info["bytes"], ) != (signature[0], ):  # it changed while we hashed it: next poll
+                digest = file_digest(path)
+                if digest["bytes"] != signature[0]:  # it changed while we hashed it: next poll
                     del self.seen[path]
                     continue
-                entry.sha256 = info["sha256"]
+                entry.sha256 = digest["sha256"]
             ready.append((path, entry.sha256))
-        return ready
+        # the oldest file of a content names it (not a copy made later)
+        return sorted(ready, key=lambda item: (self.seen[item[0]].signature[1], str(item[0])))
 
     def poll(self) -> list[dict]:
         """One look at the folder; returns the events sent."""

@@ -130,3 +130,35 @@ def test_watcher_latest_mode_and_a_pending_event_left_by_a_kill(prefect_server, 
     assert names == ["step300.ckpt", "step400.ckpt"]
     assert event_id in {str(e.id) for e in events}
     assert [e.resource.id for e in events if e.payload["name"] == "step400.ckpt"] == [f"espnet3.checkpoint.{info['sha256']}"]
+
+
+@pytest.mark.slow
+def test_events_reach_a_server_that_asks_for_basic_auth(tmp_path):
+    """A user's own server with basic auth: the event is sent and read back with the credential."""
+    import torch
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.events.filters import EventFilter, EventNameFilter
+
+    from espnet3_prefect.checkpoint_events import EVENT_NAME, EmittedState, prefect_settings
+    from espnet3_prefect.errors import Espnet3PrefectError
+    from espnet3_prefect.server import start_server, stop_server
+
+    auth = "e3p:" + uuid.uuid4().hex
+    home = tmp_path / "home"
+    home.mkdir()
+    proc, url = start_server(home, ui=False, auth_string=auth)
+    try:
+        (tmp_path / "step1.ckpt").write_bytes(torch_bytes({"w": torch.ones(3)}))
+        info = checkpoint_info(tmp_path / "step1.ckpt")
+        with prefect_settings(url, None), EmittedState(tmp_path / "no-auth.json") as state:
+            with pytest.raises(Exception):  # refused without the credential: nothing recorded as sent
+                state.emit([info], tmp_path)
+        left = json.loads((tmp_path / "no-auth.json").read_text())
+        assert not left["emitted"] and list(left["pending"]) == [info["sha256"]]  # sent again on the next start
+        with prefect_settings(url, auth), EmittedState(tmp_path / "state.json") as state:
+            [sent] = state.emit([info], tmp_path)
+        with SyncPrefectClient(url, auth_string=auth) as client:
+            events = client.read_events(EventFilter(event=EventNameFilter(name=[EVENT_NAME])), limit=50).events
+        assert [str(e.id) for e in events] == [sent["id"]]
+    finally:
+        stop_server(proc.pid)
