@@ -61,8 +61,17 @@ def event_fields(info: dict, exp_dir: Path | None, event_id: str, latest: bool =
 def send(fields: list[dict], confirm_timeout_s: float = CONFIRM_TIMEOUT_S) -> None:
     """Send the events to the server ``PREFECT_API_URL`` names (with its auth) and wait until the
     server lists every one; raises :class:`Espnet3PrefectError` if it does not in time."""
-    if fields:
+    if not fields:
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: no event loop in this thread
         asyncio.run(_send(fields, confirm_timeout_s))
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:  # called from async code (a notebook): its own loop, in a thread
+        pool.submit(asyncio.run, _send(fields, confirm_timeout_s)).result()
 
 
 async def _send(fields: list[dict], confirm_timeout_s: float) -> None:
@@ -71,12 +80,11 @@ async def _send(fields: list[dict], confirm_timeout_s: float) -> None:
     from prefect.events.clients import PrefectEventsClient
     from prefect.events.filters import EventFilter, EventIDFilter, EventOccurredFilter
     from prefect.settings import PREFECT_API_URL
-    from prefect.types._datetime import now
 
     if not PREFECT_API_URL.value():
         raise Espnet3PrefectError("no Prefect server to send the checkpoint event to: set PREFECT_API_URL "
                                   "(or run `espnet3-prefect deploy-local`)")
-    events = [Event(**{**f, "id": uuid.UUID(f["id"]), "occurred": now("UTC")}) for f in fields]
+    events = [Event(**{**f, "id": uuid.UUID(f["id"]), "occurred": datetime.now(timezone.utc)}) for f in fields]
     wanted = {e.id for e in events}
     deadline = time.monotonic() + confirm_timeout_s
     async with get_client() as client:
