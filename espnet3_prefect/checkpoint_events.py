@@ -30,10 +30,11 @@ from typing import Any
 
 from .atomic import atomic_write_text
 from .errors import Espnet3PrefectError
+from .layout import CHECKPOINT_STATE_NAME
 
 EVENT_NAME = "espnet3.checkpoint.saved"
 RESOURCE_PREFIX = "espnet3.checkpoint."
-STATE_FILE_NAME = ".espnet3-checkpoints.json"
+STATE_FILE_NAME = CHECKPOINT_STATE_NAME
 CONFIRM_TIMEOUT_S = 60.0
 
 

@@ -18,9 +18,10 @@ from typing import Any
 from .atomic import atomic_open
 from .checkpoint import order_field
 from .history import series_keys
+from .layout import CHECKPOINT_PLOT_NAME
 from .png import COLOR_NAMES, line_chart
 
-CHECKPOINT_PLOT_FILE = "evaluate_checkpoints.png"
+CHECKPOINT_PLOT_FILE = CHECKPOINT_PLOT_NAME
 
 
 def lower_is_better(label: str) -> bool:
