@@ -6,6 +6,7 @@ Public API: the ESPnet3 202611 contracts, the errors, and the entry points a rec
     from espnet3_prefect import infer, measure          # drop-in for espnet3.systems.base.{inference,metric}
     from espnet3_prefect import launch                  # drop-in for espnet3.systems.launch.launch (run.py)
     from espnet3_prefect import set_parallel, get_parallel_config, run
+    from espnet3_prefect import checkpoint_saved        # a training script: one event per checkpoint written
     set_parallel(cfg.parallel); runner(range(n))        # a Prefect flow run ``run-runner`` on that cluster
     run(any_runner, indices, parallel=cfg.parallel)     # the same for any runner (real espnet3 classes too)
 
@@ -13,6 +14,7 @@ The flows live in ``espnet3_prefect.flows`` (``flows/`` in the repository), the 
 ``espnet3_prefect.tasks``; the command line is ``espnet3-prefect`` (:mod:`espnet3_prefect.cli`).
 """
 
+from .checkpoint_events import checkpoint_saved
 from .config import load_config
 from .entry import infer, measure, run
 from .errors import BadInputError, ConfigError, Espnet3PrefectError, ItemError, MissingExtraError
@@ -26,7 +28,7 @@ from .server import prefect_api
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
 __all__ = [
-    "BadInputError", "BaseRunner", "ConfigError", "EnvironmentProvider", "Espnet3PrefectError",
+    "BadInputError", "BaseRunner", "checkpoint_saved", "ConfigError", "EnvironmentProvider", "Espnet3PrefectError",
     "InferenceProvider", "InferenceRunner", "ItemError", "MissingExtraError", "get_parallel_config", "infer",
     "launch", "load_config", "measure", "prefect_api", "resolve_device", "run", "set_parallel",
 ]

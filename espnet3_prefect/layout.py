@@ -36,6 +36,10 @@ CACHE_DIR_NAME = ".prefect-cache"
 JOB_LOGS_DIR_NAME = ".dask-jobs"
 #: beside metrics.json in inference_dir: what it was computed from (espnet3_prefect.metrics_record)
 METRICS_RECORD_NAME = ".metrics.record.json"
+#: beside evaluate_history.jsonl in inference_dir: the trend across checkpoints (espnet3_prefect.checkpoint_trend)
+CHECKPOINT_PLOT_NAME = "evaluate_checkpoints.png"
+#: in the watched experiment folder: the checkpoint hashes already sent (espnet3_prefect.checkpoint_events)
+CHECKPOINT_STATE_NAME = ".espnet3-checkpoints.json"
 #: files of a shard folder that are bookkeeping, not the runner's output (never checksummed)
 SHARD_BOOKKEEPING = (DONE_NAME, SHARD_LOCK_NAME)
 

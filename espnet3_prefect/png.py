@@ -86,10 +86,12 @@ def _label(value: float) -> str:
     return f"{value:.2f}"
 
 
-def line_chart(series: Sequence[Sequence[float | None]], width: int = 480, height: int = 240) -> bytes:
+def line_chart(series: Sequence[Sequence[float | None]], width: int = 480, height: int = 240,
+               marks: Sequence[tuple[int, int]] = ()) -> bytes:
     """Plot each series (one value per run, ``None`` = missing) over the run index; PNG bytes.
 
-    Series colours follow :data:`PALETTE` in order (:data:`COLOR_NAMES` names them).
+    Series colours follow :data:`PALETTE` in order (:data:`COLOR_NAMES` names them). ``marks``:
+    ``(series, point)`` pairs drawn with a black ring (the best checkpoint).
     """
     canvas = Canvas(width, height)
     values = [v for s in series for v in s if v is not None and math.isfinite(v)]
@@ -123,4 +125,11 @@ def line_chart(series: Sequence[Sequence[float | None]], width: int = 480, heigh
             canvas.line(x0, y0, x1, y1, color, thick=2)
         for x, y in points:
             canvas.rect(x - 2, y - 2, x + 2, y + 2, color)
+    for index, point in marks:
+        value = series[index][point] if index < len(series) and point < len(series[index]) else None
+        if value is not None and math.isfinite(value):
+            x, y = x_of(point), y_of(value)
+            for x0, y0, x1, y1 in ((x - 6, y - 6, x + 6, y - 5), (x - 6, y + 5, x + 6, y + 6),
+                                   (x - 6, y - 6, x - 5, y + 6), (x + 5, y - 6, x + 6, y + 6)):
+                canvas.rect(x0, y0, x1, y1, (0, 0, 0))
     return canvas.png()

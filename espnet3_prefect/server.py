@@ -90,7 +90,11 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
     env = {**os.environ, "PREFECT_HOME": str(home / "prefect_home"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
-           "PREFECT_SERVER_UI_API_URL": api_url}
+           "PREFECT_SERVER_UI_API_URL": api_url,
+           # what turns a checkpoint event into an evaluate run: kept on whatever the shell says
+           "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "true",
+           "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "true",
+           "PREFECT_SERVER_SERVICES_ACTIONS_ENABLED": "true"}
     for inherited in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_SERVER_API_AUTH_STRING"):
         env.pop(inherited, None)
     if auth_string:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ._proc import pid_alive, stop_tree
+from .api_auth import CLIENT_FILE_NAME
+from .errors import Espnet3PrefectError
 from .server import forget_server, healthy, registry_dir, stop_server
 
 
@@ -158,3 +160,25 @@ def format_servers(servers: list[ServerRecord]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + (f"  ({r[4]})" if r[4] else "") for r in rows]
     lines[0] = lines[0].rstrip()
     return "\n".join(lines) + "\nstop one: espnet3-prefect servers --stop <UI URL or pid>; all: --stop all"
+
+
+def find_api(state: str | None):
+    """The :class:`~espnet3_prefect.api_auth.ClientCredentials` to talk to: ``$PREFECT_API_URL`` (with
+    ``$PREFECT_API_AUTH_STRING`` and ``$PREFECT_API_SSL_CERT_FILE``), else the server ``deploy-local``
+    (or ``--keep-server``) left running (with its client file's credential and certificate when it has them)."""
+    from .api_auth import ClientCredentials, server_client
+    from .server import running_server, state_dir
+
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        cert = os.environ.get("PREFECT_API_SSL_CERT_FILE") or None
+        if not healthy(url, cafile=cert):
+            raise Espnet3PrefectError(f"PREFECT_API_URL={url} does not answer")
+        return ClientCredentials(url, os.environ.get("PREFECT_API_AUTH_STRING") or None,
+                                 os.environ.get("PREFECT_API_KEY") or None, ssl_cert_file=cert)
+    home = state_dir(state)
+    info = running_server(home)
+    if info is None:
+        raise Espnet3PrefectError("no Prefect server to submit to: run `espnet3-prefect deploy-local` "
+                                  "(or set PREFECT_API_URL to a server with the deployments)")
+    return server_client(home, info, wanted_host=None, wanted_auth=False)

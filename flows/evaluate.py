@@ -11,12 +11,18 @@ path re-runs the shards.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
+from omegaconf import OmegaConf
+
+from espnet3_prefect.checkpoint import checkpoint_info, describe as describe_checkpoint, resolve_key
+from espnet3_prefect.checkpoint_trend import (CHECKPOINT_PLOT_FILE, already_scored, checkpoint_markdown,
+                                              checkpoint_points, write_checkpoint_plot)
 from espnet3_prefect.config import fingerprint, identity_config, load_config
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.history import (HISTORY_FILE, PLOT_FILE, append_history, describe_model, model_identity,
@@ -33,12 +39,24 @@ from espnet3_prefect.flows.metrics import headline, metrics
 MODEL_ID_KEY = "evaluate_model_id"
 
 
-def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_overrides=None) -> dict:
+def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_overrides=None,
+                    checkpoint: str | None = None, checkpoint_key: str | None = None) -> dict:
     """Load and validate both configs (nothing runs); fill the metrics config from the inference one.
 
     The metrics config may omit ``inference_dir`` and ``dataset.test``: they come from the
-    inference config. A different ``inference_dir`` is an error.
+    inference config. A different ``inference_dir`` is an error. With ``checkpoint``, its path
+    fills ``checkpoint_key`` of the inference config (:func:`~espnet3_prefect.checkpoint.resolve_key`)
+    and the config fingerprint is taken without it (the same config across checkpoints).
     """
+    infer_overrides = list(as_list(infer_overrides))
+    ckpt = None
+    if checkpoint:
+        ckpt = checkpoint_info(checkpoint)
+        ckpt["key"] = resolve_key(load_config(as_list(infer_config), infer_overrides), checkpoint_key)
+        present = OmegaConf.select(load_config(as_list(infer_config), infer_overrides), ckpt["key"],
+                                   default="__absent__") != "__absent__"
+        # quoted: a path is a string whatever YAML would make of it (``1200``, ``a: b``)
+        infer_overrides.append(f"{'' if present else '+'}{ckpt['key']}={json.dumps(ckpt['path'])}")
     icfg = load_config(as_list(infer_config), as_list(infer_overrides))
     spec, stages = prepare_stages(icfg)
     preflight(spec)
@@ -61,16 +79,37 @@ def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_
     i_overrides = list(as_list(infer_overrides))
     if identity["kind"] == "files":  # the checkpoint's content joins infer's fingerprint
         i_overrides.append(f"+{MODEL_ID_KEY}={identity['id']}")
+    infer_identity = identity_config(icfg)
+    if ckpt is not None:
+        _drop(infer_identity, ckpt["key"])
     return {"inference_dir": inference_dir, "infer_overrides": i_overrides, "metrics_overrides": m_overrides,
-            "identity": identity, "metrics_plan": mplan,
-            "config_fingerprint": fingerprint({"infer": identity_config(icfg), "metrics": mplan.fingerprint})}
+            "identity": identity, "metrics_plan": mplan, "checkpoint": ckpt,
+            "config_fingerprint": fingerprint({"infer": infer_identity, "metrics": mplan.fingerprint})}
+
+
+def _drop(data: dict, dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        data = data.get(key) if isinstance(data, dict) else None
+    if isinstance(data, dict):
+        data.pop(leaf, None)
 
 
 @flow(name="evaluate", log_prints=True)
 def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
              infer_overrides: list[str] | None = None, metrics_overrides: list[str] | None = None,
-             workdir: str | None = None) -> dict[str, Any]:
+             workdir: str | None = None, checkpoint: str | None = None, checkpoint_key: str | None = None,
+             checkpoint_sha256: str | None = None, latest_only: bool | None = None) -> dict[str, Any]:
     """Evaluate a model: infer (subflow), metrics (subflow), history, trend artifact and plot.
+
+    ``checkpoint``: a checkpoint file to evaluate; its path fills ``checkpoint_key`` of the inference
+    config (default: the recipe's, e.g. ``model.asr_model_file``; the demo's ``model.model_file``).
+    Its path, sha256, epoch and step are recorded with the scores, and a checkpoint already scored
+    with this config is not decoded again (the run returns that record). ``checkpoint_sha256``: the
+    hash the checkpoint event announced (a file changed since is evaluated as it is now, with a warning).
+    ``latest_only`` (``watch-checkpoints --mode latest``): when a newer run of this deployment with
+    ``latest_only`` exists (queued behind this one, or already running or done), this one passes over
+    its checkpoint (nothing decoded, no history line).
 
     Returns this run's history record. Example::
 
@@ -79,13 +118,29 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
     """
     enter_workdir(workdir)
     preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
-    plan = plan_evaluation(infer_config, metrics_config, infer_overrides, metrics_overrides)
+    plan = plan_evaluation(infer_config, metrics_config, infer_overrides, metrics_overrides,
+                           checkpoint, checkpoint_key)
     logger = get_run_logger()
     out_dir: Path = plan["inference_dir"]
     history_path, plot_path = out_dir / HISTORY_FILE, out_dir / PLOT_FILE
     history = read_history(history_path)
     last = history[-1] if history else None
-    identity, fp = plan["identity"], plan["config_fingerprint"]
+    identity, fp, ckpt = plan["identity"], plan["config_fingerprint"], plan["checkpoint"]
+    if ckpt is not None:
+        label_run(ckpt)
+        logger.info("checkpoint: %s -> %s", describe_checkpoint(ckpt), ckpt["key"])
+        if checkpoint_sha256 and checkpoint_sha256 != ckpt["sha256"]:
+            logger.warning("checkpoint %s changed since its event (sha256 %s then, %s now): evaluating it as it is now",
+                           ckpt["path"], checkpoint_sha256[:12], ckpt["sha256"][:12])
+        newer = newer_run() if latest_only else None
+        if newer is not None:
+            logger.info("passed over (latest only): run %s is for a newer checkpoint; nothing decoded", newer)
+            return {"checkpoint": ckpt, "passed_over_for": newer, "status": f"passed over for run {newer}"}
+        done = already_scored(history, ckpt["sha256"], fp)
+        if done is not None:
+            logger.info("checkpoint %s already scored with this config at %s (flow run %s): nothing decoded",
+                        ckpt["sha256"][:12], done["run_time"], done.get("flow_run_id"))
+            return {**done, "already_scored": True}
     unchanged = (last is not None and last.get("model", {}).get("id") == identity["id"]
                  and last.get("config_fingerprint") == fp)
     logger.info("model: %s", describe_model(identity))
@@ -111,6 +166,8 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
         "headline": {labels[key]: {test: headline(labels[key], result) for test, result in per_test.items()}
                      for key, per_test in results.items()},
     }
+    if ckpt is not None:
+        record["checkpoint"] = ckpt
     append_history(history_path, record)
     records = [*history, record]
     write_plot(records, plot_path)
@@ -119,7 +176,51 @@ def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
     create_markdown_artifact(markdown=trend_markdown(records, plot_path, status), key="evaluate-trend",
                              description=f"evaluate: score trend of {out_dir}")
     logger.info("history: %s (%d runs); plot: %s", history_path, len(records), plot_path)
+    if ckpt is not None:
+        points = checkpoint_points(records, fp)
+        ckpt_plot = out_dir / CHECKPOINT_PLOT_FILE
+        write_checkpoint_plot(points, ckpt_plot)
+        create_markdown_artifact(markdown=checkpoint_markdown(points, record, ckpt_plot), key="evaluate-checkpoints",
+                                 description=f"evaluate: scores per checkpoint of {out_dir}")
+        logger.info("checkpoint trend: %d checkpoint(s); plot: %s", len(points), ckpt_plot)
     return record
+
+
+def newer_run() -> str | None:
+    """The name of a run of this run's deployment created after it with ``latest_only``, queued, running
+    or done (not failed or cancelled): this run's checkpoint is not the newest any more."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter,
+                                                FlowRunFilterState, FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return None
+    with get_client(sync_client=True) as client:
+        me = client.read_flow_run(flow_run.id)
+        if me.deployment_id is None:
+            return None
+        waiting = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[me.deployment_id])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.COMPLETED]))))
+    newer = [r for r in waiting if r.id != me.id and r.parameters.get("latest_only") and r.created > me.created]
+    return max(newer, key=lambda r: r.created).name if newer else None
+
+
+def label_run(ckpt: dict) -> None:
+    """Name this flow run after the checkpoint and tag it, so the UI groups a checkpoint's runs."""
+    from prefect import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return
+    tags = ["checkpoint", f"checkpoint:{ckpt['name']}", f"sha256:{ckpt['sha256'][:12]}"]
+    with get_client(sync_client=True) as client:
+        current = client.read_flow_run(flow_run.id)
+        client.update_flow_run(flow_run.id, name=f"evaluate-{ckpt['name']}-{ckpt['sha256'][:8]}",
+                               tags=sorted(set(current.tags) | set(tags)))
 
 
 def _status(last: dict | None, unchanged: bool, from_cache: bool, shards_run: int, shards_cached: int) -> str:

@@ -4,7 +4,7 @@
 
 Also ``metrics``, ``evaluate`` (:mod:`.stages`), ``run`` (an ESPnet3 recipe's launcher, :mod:`.recipe`),
 ``infer --detach`` (:mod:`.detach`),
-``deploy-local`` (:mod:`.deploy`), ``cluster-script`` (:mod:`.cluster_script`) and ``servers``
+``deploy-local`` (:mod:`.deploy`), ``watch-checkpoints`` (:mod:`.watch`), ``cluster-script`` (:mod:`.cluster_script`) and ``servers``
 (:mod:`.servers`). Each module
 registers its subcommands with a ``handler``; :func:`main` parses once and calls it.
 
@@ -21,7 +21,7 @@ from typing import Sequence
 
 from ..errors import Espnet3PrefectError, one_line
 from ..util import put_on_pythonpath
-from . import cluster_script, deploy, detach, recipe, servers, stages
+from . import cluster_script, deploy, detach, recipe, servers, stages, watch
 from .common import split_args
 
 __all__ = ["build_parser", "main", "split_args"]
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.register(sub)          # deploy-local [--stop]
     cluster_script.register(sub)  # cluster-script
     servers.register(sub)         # servers [--stop TARGET]
+    watch.register(sub)           # watch-checkpoints EXP_DIR
     return parser
 
 

@@ -25,6 +25,7 @@ DEFAULT_POOL = "espnet3-local"
 DEFAULT_UI_PORT = 4200
 STATE_FILE = "deploy-local.json"
 WORKER_START_TIMEOUT_S = 120
+WORKER_QUERY_S = 2
 
 
 def register(sub) -> None:
@@ -144,8 +145,12 @@ def deploy_local(args: argparse.Namespace) -> int:
     timings["deploy_s"] = time.monotonic() - t1
     log = home / "worker.log"
     with open(log, "ab") as handle:
+        # the worker looks for runs every WORKER_QUERY_S (Prefect's default 10 s): a run a checkpoint
+        # event created starts within that (a user's own setting wins)
+        worker_env = {"PREFECT_WORKER_QUERY_SECONDS": str(WORKER_QUERY_S),
+                      **{k: v for k, v in os.environ.items() if k == "PREFECT_WORKER_QUERY_SECONDS"}, **env}
         worker = subprocess.Popen([prefect, "worker", "start", "--pool", args.pool, "--type", "process"],
-                                  env=env, cwd=str(project), stdout=handle, stderr=subprocess.STDOUT,
+                                  env=worker_env, cwd=str(project), stdout=handle, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, start_new_session=True)
     state = {"server_pid": info["pid"], "worker_pid": worker.pid, "api_url": info["api_url"], "ui_url": info["ui_url"],
              "pool": args.pool, "project_dir": str(project), "state_dir": str(home), "worker_log": str(log),

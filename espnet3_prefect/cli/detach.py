@@ -27,29 +27,6 @@ def _deployment_name(name: str) -> str:
     return name if "/" in name else f"infer/{name}"
 
 
-def find_api(state: str | None):
-    """The :class:`~espnet3_prefect.api_auth.ClientCredentials` to submit with: ``$PREFECT_API_URL``
-    (with ``$PREFECT_API_AUTH_STRING`` and ``$PREFECT_API_SSL_CERT_FILE``), else the server
-    ``deploy-local`` (or ``--keep-server``) left running (with its client file's credential and
-    certificate when it has them)."""
-    from ..api_auth import ClientCredentials, server_client
-    from ..server import healthy, running_server, state_dir
-
-    url = os.environ.get("PREFECT_API_URL")
-    if url:
-        cert = os.environ.get("PREFECT_API_SSL_CERT_FILE") or None
-        if not healthy(url, cafile=cert):
-            raise Espnet3PrefectError(f"PREFECT_API_URL={url} does not answer")
-        return ClientCredentials(url, os.environ.get("PREFECT_API_AUTH_STRING") or None,
-                                 os.environ.get("PREFECT_API_KEY") or None, ssl_cert_file=cert)
-    home = state_dir(state)
-    info = running_server(home)
-    if info is None:
-        raise Espnet3PrefectError("no Prefect server to submit to: run `espnet3-prefect deploy-local` "
-                                  "(or set PREFECT_API_URL to a server with the deployments)")
-    return server_client(home, info, wanted_host=None, wanted_auth=False)
-
-
 def run_detach(args: argparse.Namespace) -> int:
     from ..config import load_config_input
     from ..stage import prepare_stages
@@ -57,6 +34,8 @@ def run_detach(args: argparse.Namespace) -> int:
 
     config, overrides = infer_input(args)  # in an ESPnet3 recipe: the launcher's config, resolved
     prepare_stages(load_config_input(config, overrides))  # fail here, not in the worker
+    from ..servers import find_api
+
     creds = find_api(args.state_dir)
     api_url = creds.api_url
     name = _deployment_name(args.deployment)

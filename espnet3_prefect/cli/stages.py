@@ -39,6 +39,12 @@ def register(sub) -> argparse.ArgumentParser:
     add_config(evaluate, help="inference config files, then key=value overrides for infer", extra=False)
     add_config(evaluate, "--metrics-config", help="metrics config files, then key=value overrides for metrics",
                extra=False)
+    evaluate.add_argument("--checkpoint", default=None, metavar="FILE",
+                          help="evaluate this checkpoint: its path fills --checkpoint-key of the inference config; "
+                               "recorded (path, sha256, epoch, step) with the scores, scored once per content")
+    evaluate.add_argument("--checkpoint-key", default=None, metavar="KEY",
+                          help="the model-config key the checkpoint fills (default: the recipe's, e.g. "
+                               "model.asr_model_file; the demo's model.model_file)")
     add_server_options(evaluate)
     add_verbose(evaluate)
     evaluate.set_defaults(handler=run_evaluate)
@@ -128,15 +134,17 @@ def run_evaluate(args: argparse.Namespace) -> int:
     def validate():
         from ..flows.evaluate import plan_evaluation
 
-        plan_evaluation(i_configs, m_configs, i_overrides, m_overrides)
+        plan_evaluation(i_configs, m_configs, i_overrides, m_overrides, args.checkpoint, args.checkpoint_key)
 
     def run():
         from ..flows.evaluate import evaluate
 
         return evaluate(infer_config=i_configs, metrics_config=m_configs, infer_overrides=i_overrides,
-                        metrics_overrides=m_overrides)
+                        metrics_overrides=m_overrides, checkpoint=args.checkpoint, checkpoint_key=args.checkpoint_key)
 
     def show(record):
+        if record.get("already_scored"):
+            print(f"already scored at {record['run_time']} (nothing decoded):")
         print(record["status"])
         for label, per_test in record["headline"].items():
             for test_set, value in per_test.items():

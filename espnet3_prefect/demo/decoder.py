@@ -89,7 +89,9 @@ class DTMFDecoder(torch.nn.Module):
         self.max_twist = 10.0 ** (max_twist_db / 20.0)
         self.min_run = int(min_run)
         kernels, window = self._filter_bank()
-        self.register_buffer("kernels", kernels, persistent=False)
+        # the filter bank is the model's one weight tensor: ``state_dict()`` holds it, so a checkpoint
+        # (``torch.save(decoder.state_dict(), path)``) can carry a differently tuned bank
+        self.register_buffer("kernels", kernels)
         self.register_buffer("window", window, persistent=False)
         self.register_buffer("key_table", self._key_table(), persistent=False)
 

@@ -97,10 +97,19 @@ class DTMFOrganizer:
 
 
 class DTMFRecognizer:
-    """Model with the ESPnet3 call shape: ``model(speech=array)`` -> text, or a list for a batch."""
+    """Model with the ESPnet3 call shape: ``model(speech=array)`` -> text, or a list for a batch.
 
-    def __init__(self, sample_rate_hz: int = 8000, device: str = "cpu"):
-        self.decoder = DTMFDecoder(sample_rate_hz).to(device)
+    ``model_file`` (the demo's checkpoint key, ``model.model_file`` in the config): a file written by
+    ``torch.save`` holding the decoder's state dict (``{"kernels": ...}``), bare or under
+    ``"state_dict"`` (Lightning's layout, where ``epoch``/``global_step`` sit beside it); without it the
+    decoder keeps its built-in filter bank.
+    """
+
+    def __init__(self, sample_rate_hz: int = 8000, device: str = "cpu", model_file: str | None = None):
+        self.decoder = DTMFDecoder(sample_rate_hz)
+        if model_file:
+            self.decoder.load_state_dict(load_state(model_file))
+        self.decoder.to(device)
         self.device = device
 
     def __call__(self, speech: Any) -> Any:
@@ -112,6 +121,20 @@ class DTMFRecognizer:
     def eval(self) -> "DTMFRecognizer":
         self.decoder.eval()
         return self
+
+
+def load_state(model_file: str | Path) -> dict:
+    """The decoder state dict in a demo checkpoint (bare, or under ``state_dict``/``model``)."""
+    import torch
+
+    state = torch.load(Path(model_file), map_location="cpu", weights_only=True)
+    if isinstance(state, dict):
+        for key in ("state_dict", "model"):
+            if isinstance(state.get(key), dict):
+                return state[key]
+    if not isinstance(state, dict):
+        raise ValueError(f"model_file {model_file}: holds a {type(state).__name__}, not a state dict")
+    return state
 
 
 def output_fn(data: Any, model_output: Any, idx: Any) -> Any:

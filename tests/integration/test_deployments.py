@@ -186,7 +186,7 @@ def test_nightly_carries_its_cron_schedule_and_every_deployment_exists(deployed)
     assert schedule.schedule.cron == "0 3 * * *" and schedule.schedule.timezone == "America/New_York"
     assert schedule.active
     assert names == {"infer/local", "infer/local_gpu", "infer/slurm", "metrics/local", "evaluate/local",
-                     "evaluate/nightly"}
+                     "evaluate/nightly", "evaluate/checkpoint"}
     assert nightly.work_pool_name == "espnet3-local"
 
 
