@@ -1,4 +1,4 @@
-"""``watch-checkpoints``: send one ``espnet3.checkpoint.saved`` event per new, complete checkpoint.
+"""``watch-checkpoints``: send one ``espnet3.checkpoint.saved`` event per new, complete checkpoint::
 
     espnet3-prefect watch-checkpoints exp/asr_train [--pattern '**/*.ckpt'] [--mode all|latest]
 """
