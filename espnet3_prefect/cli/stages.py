@@ -62,10 +62,13 @@ def run_infer(args: argparse.Namespace) -> int:
     def validate():
         from ..config import load_config_input
         from ..parallel import preflight
+        from ..precheck import check_inputs_before_start
         from ..stage import prepare_stages
 
-        spec, stages = prepare_stages(load_config_input(config, overrides))
+        cfg = load_config_input(config, overrides)
+        spec, stages = prepare_stages(cfg)
         preflight(spec)
+        check_inputs_before_start(cfg, stages)  # the demo's data, then input_key: before a server starts
         prepared.extend(stages)
 
     def settled():
