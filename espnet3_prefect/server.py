@@ -127,7 +127,10 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
     env = {**os.environ, "PREFECT_HOME": str(home / "prefect_home"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
-           "PREFECT_SERVER_UI_API_URL": api_url}
+           "PREFECT_SERVER_UI_API_URL": api_url,
+           # `prefect deployment run --watch` shows a run's log lines (ours say why a run failed) only
+           # when the server streams them out (off by default)
+           "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true", "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}
     for inherited in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_SERVER_API_AUTH_STRING"):
         env.pop(inherited, None)
     if auth_string:

@@ -29,6 +29,7 @@ from espnet3_prefect.util import as_list
 
 from espnet3_prefect.flows.infer import infer
 from espnet3_prefect.flows.metrics import headline, metrics
+from espnet3_prefect.run_states import fails_with_its_message
 
 MODEL_ID_KEY = "evaluate_model_id"
 
@@ -67,6 +68,7 @@ def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_
 
 
 @flow(name="evaluate", log_prints=True)
+@fails_with_its_message
 def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
              infer_overrides: list[str] | None = None, metrics_overrides: list[str] | None = None,
              workdir: str | None = None) -> dict[str, Any]:
