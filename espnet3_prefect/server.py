@@ -32,6 +32,7 @@ from typing import Iterator
 
 from ._proc import pid_alive, stop_group
 from .atomic import atomic_write_text
+from .server_port import project_port, remember_port
 from .errors import Espnet3PrefectError
 from .util import read_json
 
@@ -242,7 +243,8 @@ def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool 
     from .api_auth import ClientCredentials, client_file, new_auth_string, write_client_file
 
     auth_string = new_auth_string() if auth else None
-    proc, url = start_server(home, port=port, ui=ui, host=host, auth_string=auth_string)
+    proc, url = start_server(home, port=port or project_port(home, host), ui=ui, host=host, auth_string=auth_string)
+    remember_port(home, url)
     info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")], "host": host, "auth": auth}
     if auth:
         write_client_file(client_file(home), ClientCredentials(url, auth_string))

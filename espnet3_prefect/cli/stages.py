@@ -87,7 +87,12 @@ def run_infer(args: argparse.Namespace) -> int:
 
         print(format_summary(summaries))
 
-    return run_stage(args, validate=validate, run=run, show=show, settled=settled)
+    def writers():
+        from ..run_links import writer_runs
+
+        return writer_runs(stage.out_dir for stage in prepared)
+
+    return run_stage(args, validate=validate, run=run, show=show, settled=settled, writers=writers)
 
 
 def run_metrics(args: argparse.Namespace) -> int:
