@@ -34,8 +34,8 @@ _ESPNET3_KEYS = frozenset({
     "dataset_artifacts", "task", "system", "trainer", "optim", "scheduler", "dataloader", "tokenizer",
     "create_dataset", "decode_dir", "publication", "upload_model", "pack_model", "num_device", "num_nodes",
 })
-# What espnet3-prefect adds (the demo's data generation and features).
-_OUR_KEYS = frozenset({ALLOW_KEY, "data", "features"})
+# What espnet3-prefect adds (the demo's data and features; the model id evaluate adds to infer's config).
+_OUR_KEYS = frozenset({ALLOW_KEY, "data", "features", "evaluate_model_id"})
 
 INFERENCE_KEYS = _ESPNET3_KEYS | _OUR_KEYS
 METRICS_KEYS = INFERENCE_KEYS
