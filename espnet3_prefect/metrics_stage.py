@@ -247,8 +247,7 @@ def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = No
                     check_inputs: bool = True) -> MetricsPlan:
     """Validate a metrics config; with ``check_inputs``, every SCP input must exist.
 
-    ``check_inputs=False`` validates everything that does not depend on infer's outputs (used by
-    ``evaluate`` before infer runs).
+    ``check_inputs=False`` validates all that does not depend on infer's outputs (``evaluate``, before infer runs).
     """
     check_top_level_keys(cfg, METRICS_KEYS)  # a misspelt key first: it explains what fails after it
     raw_dir = cfg.get("inference_dir")
