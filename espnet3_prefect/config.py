@@ -24,7 +24,7 @@ from .errors import ConfigError, one_line
 # Keys that change how a stage runs, not what it writes: left out of the fingerprint, so
 # resuming with more workers, another backend or other retry settings reuses finished shards.
 _NOT_FINGERPRINTED = ("parallel", "runner.resume", "runner.retries", "runner.retry_delay_s",
-                      "runner.max_failed_ratio", "runner.min_free_mb", "runner.prefetch")
+                      "runner.max_failed_ratio", "runner.min_free_mb", "runner.prefetch", "allow_keys")
 
 
 def load_config(paths: Sequence[str | Path], overrides: Iterable[str] = ()) -> DictConfig:

@@ -28,8 +28,9 @@ from typing import Any, Callable, Iterable, Iterator
 from omegaconf import DictConfig, OmegaConf
 
 from .config import load_config_input
-from .errors import ConfigError
+from .main_guard import check_main_guard
 from .parallel import preflight
+from .precheck import check_inputs_before_start
 from .parallel_config import DEFAULT_PARALLEL, active_parallel_config
 from .prefetch import DEFAULT_PREFETCH
 from .runner import set_call_handler
@@ -44,8 +45,11 @@ def infer(config: DictConfig) -> None:
     set is already done and verified for this config and code, it returns at once: no server, no
     cluster, no flow run (one INFO line on the ``espnet3_prefect`` logger), as the command line does."""
     plain = _plain(config)
-    spec, stages = prepare_stages(load_config_input(plain))
+    cfg = load_config_input(plain)
+    spec, stages = prepare_stages(cfg)
+    _main_guard("infer()", spec.env if not spec.address else None)
     preflight(spec)  # every config error before a server or cluster starts
+    check_inputs_before_start(cfg, stages)  # the demo's data, then input_key
     if _settled(stages):
         return
     importable_from_workers()
@@ -101,9 +105,9 @@ def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | No
     ``max_failed_ratio``/``min_free_mb``/``prefetch`` mean what the ``runner:`` keys of the infer config mean.
     Everything is checked before a server or a cluster starts.
     """
-    _refuse_in_spawned_reimport()
     if parallel is None:
         parallel = active_parallel_config() or DEFAULT_PARALLEL
+    _main_guard("run()", (parallel.get("env") if isinstance(parallel, Mapping) else None) or "local")
     control = {"retries": retries, "retry_delay_s": retry_delay_s, "on_error": on_error,
                "max_failed_ratio": max_failed_ratio, "min_free_mb": min_free_mb, "prefetch": prefetch}
     job = prepare_job(runner, indices, parallel, control)
@@ -113,8 +117,8 @@ def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | No
 
 def call_runner(runner: Any, indices: Iterable[int]) -> Any:
     """``runner(indices)``: in this process without a registered ``parallel`` block, else :func:`run`."""
-    _refuse_in_spawned_reimport()
     config = active_parallel_config()
+    _main_guard("runner(indices)", None if config is None else (config.get("env") or "local"))
     if config is None:
         from .local import run_runner
 
@@ -162,15 +166,11 @@ def _plain(config: Any) -> dict:
     return dict(config)
 
 
-def _refuse_in_spawned_reimport() -> None:
-    """Local Dask workers are spawned processes, which re-run the script that started them as module
-    ``__mp_main__`` (Python's multiprocessing rule): a runner call at a script's top level would start
-    a cluster from inside each worker. Said here, in the worker's stderr, instead of a bare
-    "Nanny failed to start" in the driver."""
-    if getattr(sys.modules.get("__main__"), "__name__", None) == "__mp_main__":
-        raise ConfigError("a runner was called while a worker process re-imported the script that started it; "
-                          "put the script's top-level code under `if __name__ == \"__main__\":` (worker processes "
-                          "re-import the main script, as with any multiprocessing program)")
+def _main_guard(what: str, env: str | None) -> None:
+    """Local backends spawn worker processes, which re-import the main script: a stage started from
+    its unguarded top level stops here on one line (:mod:`espnet3_prefect.main_guard`)."""
+    if env in ("local", "local_gpu") or getattr(sys.modules.get("__main__"), "__name__", None) == "__mp_main__":
+        check_main_guard(what)
 
 
 def _in_flow() -> bool:

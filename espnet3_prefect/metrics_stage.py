@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config import fingerprint, load_config
+from .config_keys import METRICS_KEYS, check_top_level_keys
 from .dataset_columns import _materializer, provider_class, source_path
 from .errors import ConfigError
 from .metric_contract import DATASET_PREFIX, check_metric_contract, check_metric_inputs
@@ -246,9 +247,9 @@ def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = No
                     check_inputs: bool = True) -> MetricsPlan:
     """Validate a metrics config; with ``check_inputs``, every SCP input must exist.
 
-    ``check_inputs=False`` validates everything that does not depend on infer's outputs (used by
-    ``evaluate`` before infer runs).
+    ``check_inputs=False`` validates all that does not depend on infer's outputs (``evaluate``, before infer runs).
     """
+    check_top_level_keys(cfg, METRICS_KEYS)  # a misspelt key first: it explains what fails after it
     raw_dir = cfg.get("inference_dir")
     if not raw_dir and inference_config is not None:
         raw_dir = inference_config.get("inference_dir")

@@ -101,8 +101,8 @@ def preflight(spec: ParallelSpec) -> None:
     if spec.address:
         return
     backend = backends.get(spec.env)
+    backend.before_start(spec)  # e.g. no GPU visible: said first, the missing package would not help
     backend.load_cluster_class()
-    backend.before_start(spec)
 
 
 def build_task_runner(spec: ParallelSpec, context: ClusterContext | None = None):
@@ -118,8 +118,8 @@ def build_task_runner(spec: ParallelSpec, context: ClusterContext | None = None)
     if spec.address:
         return ShardTaskRunner(address=spec.address)
     backend = backends.get(spec.env)
-    cluster_class = backend.load_cluster_class()
     backend.before_start(spec)
+    cluster_class = backend.load_cluster_class()
     return ShardTaskRunner(cluster_class=cluster_class,
                            cluster_kwargs=backend.cluster_kwargs(spec, context or ClusterContext()),
                            adapt_kwargs=backend.adapt_kwargs(spec))

@@ -52,3 +52,56 @@ def mark_flow_run_crashed(flow_run_id, message: str) -> bool:
     except Exception as exc:
         log.warning("could not mark flow run %s crashed: %s", flow_run_id, exc)
         return False
+
+
+def fails_with_its_message(fn):
+    """Wrap a flow function: one of our errors (bad config, bad input: each one line) ends the flow run
+    in a Failed state whose message is that line, logged once without a traceback, so
+    ``prefect deployment run --watch``, ``prefect flow-run inspect`` and the UI's state show it. A caller
+    in this process still gets the exception itself (the state carries it), so the command line's exit
+    status and the drop-in's ``raise`` are unchanged. Other exceptions are left to Prefect."""
+    import functools
+
+    from .errors import Espnet3PrefectError, one_line
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Espnet3PrefectError as exc:
+            from prefect import get_run_logger
+            from prefect.states import Failed
+
+            line = one_line(exc)
+            _quiet_engine_traceback()
+            get_run_logger().error("%s", line)
+            _send_logs()  # before the Failed state: `--watch` stops at the state, and shows the line first
+            return Failed(message=line, data=exc)
+
+    return wrapper
+
+
+def _send_logs() -> None:
+    try:
+        from prefect.logging.handlers import APILogHandler
+
+        APILogHandler().flush()
+    except Exception as exc:  # noqa: BLE001 - the state still says it
+        log.debug("could not send the flow run's logs: %s", exc)
+
+
+class _OwnErrorTraceback(logging.Filter):
+    """Drops Prefect's flow-run log records that carry a traceback of one of our errors: a deployment
+    run's engine logs "Engine execution exited with unexpected exception" with the whole traceback
+    after the run has already failed with that error's one line as its state message (and its log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from .errors import Espnet3PrefectError
+
+        return not (record.exc_info and isinstance(record.exc_info[1], Espnet3PrefectError))
+
+
+def _quiet_engine_traceback() -> None:
+    engine = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(f, _OwnErrorTraceback) for f in engine.filters):
+        engine.addFilter(_OwnErrorTraceback())

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from ._proc import pid_alive, stop_group
 from .atomic import atomic_write_text
+from .server_port import project_port, remember_port
 from .errors import Espnet3PrefectError
 from .state_home import (DEFAULT_STATE_DIR, STATE_DIR_HELP, default_state_dir, project_folder,  # noqa: F401
                          registry_dir, state_dir)
@@ -94,7 +95,10 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
            # what turns a checkpoint event into an evaluate run: kept on whatever the shell says
            "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "true",
            "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "true",
-           "PREFECT_SERVER_SERVICES_ACTIONS_ENABLED": "true"}
+           "PREFECT_SERVER_SERVICES_ACTIONS_ENABLED": "true",
+           # `prefect deployment run --watch` shows a run's log lines (ours say why a run failed) only
+           # when the server streams them out (off by default)
+           "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true", "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}
     for inherited in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_SERVER_API_AUTH_STRING"):
         env.pop(inherited, None)
     if auth_string:
@@ -216,11 +220,13 @@ def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool 
     auth_string = new_auth_string() if auth else None
     certs = ServerTLS.of(home).create(host, given_host) if tls else None
     try:
-        proc, url = start_server(home, port=port, ui=ui, host=host, auth_string=auth_string, tls=certs)
+        proc, url = start_server(home, port=port or project_port(home, host), ui=ui, host=host,
+                                 auth_string=auth_string, tls=certs)
     except BaseException:
         if certs is not None:
             certs.remove()
         raise
+    remember_port(home, url)
     info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")], "host": host, "auth": auth,
             "tls": tls, "ssl_cert_file": str(certs.ca_file) if certs else None}
     if auth or tls:

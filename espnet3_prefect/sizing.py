@@ -37,18 +37,28 @@ def size_on_driver(stage: "Stage") -> Sizing | None:
     test set: its length plans the shards, its fingerprint joins the stage's, and a typo in
     ``input_key`` fails here, before any cluster starts. None for a provider without
     ``build_dataset`` (the ``build-env`` task then sizes the test set on a worker)."""
+    dataset = checked_dataset(stage)
+    if dataset is None:
+        return None
+    n_items = len(dataset)
+    lengths = dataset_lengths(dataset, n_items, stage.test_set)
+    return Sizing(n_items, dataset_id(dataset), lengths, None if lengths is None else lengths_fingerprint(lengths))
+
+
+def checked_dataset(stage: "Stage") -> Any:
+    """``provider.build_dataset(config)`` on the driver, not empty, its item 0 carrying every input
+    key; None for a provider without ``build_dataset``. The command line and ``infer()`` call it
+    before a server starts, so a typo in ``input_key`` is the first and only thing printed."""
     provider = getattr(stage.runner, "provider", None)
     build = getattr(provider, "build_dataset", None)
     if not callable(build):
         return None
     dataset = build(stage.config if stage.config is not None else provider.config)
-    n_items = len(dataset)
-    if n_items == 0:
+    if len(dataset) == 0:
         raise BadInputError(f"test set {stage.test_set!r}: dataset is empty; check the dataset manifest")
     params = getattr(provider, "params", None) or {}
     check_input_keys(dataset, params.get("input_key"), params.get("inference_contract"), stage.test_set)
-    lengths = dataset_lengths(dataset, n_items, stage.test_set)
-    return Sizing(n_items, dataset_id(dataset), lengths, None if lengths is None else lengths_fingerprint(lengths))
+    return dataset
 
 
 def dataset_lengths(dataset: Any, n_items: int, test_set: str) -> Any:
@@ -119,7 +129,7 @@ def check_input_keys(dataset: Any, input_key: Any, contract: Any, test_set: str)
         return
     missing = [k for k in keys if k not in item and k not in optional]
     if missing:
-        raise BadInputError(f"input_key: {missing[0]!r} is not a field of test set {test_set!r}'s items "
+        raise BadInputError(f"input_key: {missing[0]!r} is not a field of the items of test set {test_set!r} "
                             f"(item 0 has: {', '.join(sorted(map(str, item)))})")
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from .config_keys import INFERENCE_KEYS, check_top_level_keys
 from .config import fingerprint, for_test_set, identity_config, list_test_sets
 from .contract import load_inference_contract
 from .errors import ConfigError, one_line
@@ -109,6 +110,7 @@ class Stage:
 
 def prepare_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
     """Validate ``cfg`` and build one :class:`Stage` per test set (provider and runner instantiated)."""
+    check_top_level_keys(cfg, INFERENCE_KEYS)  # a misspelt key first: it explains what fails after it
     inference_dir = cfg.get("inference_dir")
     if not inference_dir:
         raise ConfigError("inference_dir: missing; set where outputs go")

@@ -30,11 +30,13 @@ from espnet3_prefect.history import (HISTORY_FILE, PLOT_FILE, append_history, de
 from espnet3_prefect.metrics_stage import prepare_metrics
 from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.parallel import preflight
+from espnet3_prefect.precheck import check_inputs_before_start
 from espnet3_prefect.stage import prepare_stages
 from espnet3_prefect.util import as_list
 
 from espnet3_prefect.flows.infer import infer
 from espnet3_prefect.flows.metrics import headline, metrics
+from espnet3_prefect.run_states import fails_with_its_message
 
 MODEL_ID_KEY = "evaluate_model_id"
 
@@ -60,6 +62,7 @@ def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_
     icfg = load_config(as_list(infer_config), as_list(infer_overrides))
     spec, stages = prepare_stages(icfg)
     preflight(spec)
+    check_inputs_before_start(icfg, stages)  # the demo's data, then input_key: before a server starts
     inference_dir = Path(str(icfg.inference_dir)).expanduser().resolve()
     m_overrides = list(as_list(metrics_overrides))
     probe = load_config(as_list(metrics_config), m_overrides)
@@ -96,6 +99,7 @@ def _drop(data: dict, dotted: str) -> None:
 
 
 @flow(name="evaluate", log_prints=True)
+@fails_with_its_message
 def evaluate(infer_config: list[str] | str, metrics_config: list[str] | str,
              infer_overrides: list[str] | None = None, metrics_overrides: list[str] | None = None,
              workdir: str | None = None, checkpoint: str | None = None, checkpoint_key: str | None = None,

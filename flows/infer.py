@@ -29,6 +29,7 @@ from espnet3_prefect.sizing import Sizing, size_on_driver
 from espnet3_prefect.stage import Stage, prepare_stages
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge import merge_shards
+from espnet3_prefect.run_states import fails_with_its_message
 
 
 def _importable_by_batch_jobs() -> None:
@@ -47,6 +48,7 @@ _importable_by_batch_jobs()
 
 
 @flow(name="infer", log_prints=True, on_cancellation=[cancel_jobs_hook], on_crashed=[cancel_jobs_hook])
+@fails_with_its_message
 def infer(config: list[str] | str | dict, overrides: list[str] | None = None,
           workdir: str | None = None) -> list[dict]:
     """Run the ESPnet3 infer stage for every test set of ``config``: config files merged left to

@@ -20,9 +20,11 @@ from espnet3_prefect.metrics_stage import MetricSpec, MetricsPlan, load_any, loa
 from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.tasks.score import dataset_column, score
 from espnet3_prefect.util import as_list, is_number
+from espnet3_prefect.run_states import fails_with_its_message
 
 
 @flow(name="metrics", log_prints=True, validate_parameters=True)
+@fails_with_its_message
 def metrics(config: list[str] | str | dict, overrides: list[str] | None = None, workdir: str | None = None,
             inference_config: list[str] | str | dict | None = None,
             inference_overrides: list[str] | None = None) -> dict[str, dict[str, Any]]:

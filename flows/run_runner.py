@@ -22,6 +22,7 @@ from espnet3_prefect.plan import write_manifest
 from espnet3_prefect.report import format_summary, summary_rows
 from espnet3_prefect.resume import remove_stale, shards_to_redo
 from espnet3_prefect.tasks.runner_steps import build_runner_env, merge_runner
+from espnet3_prefect.run_states import fails_with_its_message
 
 from .infer import check_writable
 
@@ -29,6 +30,7 @@ KIND = "run-runner"
 
 
 @flow(name=KIND, log_prints=True, on_cancellation=[cancel_jobs_hook], on_crashed=[cancel_jobs_hook])
+@fails_with_its_message
 def run_runner(job: Any) -> Any:
     """Run a prepared :class:`espnet3_prefect.workload.RunnerJob`; return what the runner's ``merge`` returns.
 

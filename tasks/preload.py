@@ -49,5 +49,18 @@ def warm_up() -> list[str]:
 
 
 def dask_setup(worker) -> None:
-    """Dask's preload hook: :func:`warm_up` in the worker process, before it runs any task."""
+    """Dask's preload hook: :func:`warm_up` in the worker process, before it runs any task; then
+    :func:`ignore_ctrl_c`."""
     setattr(worker, WARMED, warm_up())
+    ignore_ctrl_c()
+
+
+def ignore_ctrl_c() -> None:
+    """A terminal's Ctrl-C reaches every process of its foreground group, local workers included: each
+    printed a KeyboardInterrupt traceback while the driver, which the Ctrl-C is for, stops them anyway
+    (it closes the cluster; a batch scheduler or the nanny ends the others with SIGTERM)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -84,8 +84,11 @@ def visible_gpu_count() -> int:
 
 def check_gpu_count(n_workers: int, visible: int) -> None:
     """``local_gpu`` runs one worker per GPU: more workers than visible GPUs is an error."""
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+    if visible == 0:
+        raise ConfigError(f"parallel.env: 'local_gpu' needs a GPU and none is visible here "
+                          f"(CUDA_VISIBLE_DEVICES={shown}, nvidia-smi lists none); use env: local to run on CPUs")
     if n_workers > visible:
-        shown = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
         raise ConfigError(
             f"parallel.n_workers: {n_workers} exceeds the {visible} visible GPU(s) for env 'local_gpu' "
             f"(CUDA_VISIBLE_DEVICES={shown})")

@@ -4,8 +4,8 @@
 
 Also ``metrics``, ``evaluate`` (:mod:`.stages`), ``run`` (an ESPnet3 recipe's launcher, :mod:`.recipe`),
 ``infer --detach`` (:mod:`.detach`),
-``deploy-local`` (:mod:`.deploy`), ``watch-checkpoints`` (:mod:`.watch`), ``cluster-script`` (:mod:`.cluster_script`) and ``servers``
-(:mod:`.servers`). Each module
+``deploy-local`` (:mod:`.deploy`), ``watch-checkpoints`` (:mod:`.watch`), ``cluster-script``
+(:mod:`.cluster_script`), ``servers`` (:mod:`.servers`) and ``ui`` (:mod:`.ui`). Each module
 registers its subcommands with a ``handler``; :func:`main` parses once and calls it.
 
 Without ``PREFECT_API_URL`` it starts (or reuses) one local Prefect server on 127.0.0.1.
@@ -21,7 +21,7 @@ from typing import Sequence
 
 from ..errors import Espnet3PrefectError, one_line
 from ..util import put_on_pythonpath
-from . import cluster_script, deploy, detach, recipe, servers, stages, watch
+from . import cluster_script, deploy, detach, recipe, servers, stages, ui, watch
 from .common import split_args
 
 __all__ = ["build_parser", "main", "split_args"]
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_script.register(sub)  # cluster-script
     servers.register(sub)         # servers [--stop TARGET]
     watch.register(sub)           # watch-checkpoints EXP_DIR
+    ui.register(sub)              # ui [TARGET]: the project's recorded runs, served again
     return parser
 
 

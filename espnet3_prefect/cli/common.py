@@ -105,25 +105,28 @@ class SwitchCommand(argparse.Action):
 
 
 def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Callable[[], Any],
-              show: Callable[[Any], None], settled: Callable[[], Any] | None = None) -> int:
+              show: Callable[[Any], None], settled: Callable[[], Any] | None = None,
+              writers: Callable[[], list[str]] | None = None) -> int:
     """Validate (every config error before any server starts), then run the flow with a Prefect API
     (``$PREFECT_API_URL`` or the embedded server), then print what it returned.
 
     ``settled``, when given, answers without a server: it returns what ``run`` would (e.g. every test
-    set already done and verified), or None when there is work. ``--keep-server`` always runs the flow
-    (the user asked for a UI to look at)."""
+    set already done and verified), or None when there is work. With ``--keep-server`` a settled stage
+    starts the server and points at the flow runs that wrote its outputs (``writers``: their ids,
+    the finishing one last); without ``writers``, or none recorded, it runs the flow."""
     if getattr(args, "verbose", False):
         from ..report import VERBOSE_ENV
 
         os.environ[VERBOSE_ENV] = "1"  # workers started from here inherit it
     validate()
-    if settled is not None and not args.keep_server:
-        result = settled()
-        if result is not None:
-            print("nothing to run: every test set is done and verified (no server started, no flow run)",
-                  file=sys.stderr)
-            show(result)
-            return 0
+    result = settled() if settled is not None else None
+    if result is not None and not args.keep_server:
+        print("nothing to run: every test set is done and verified (no server started, no flow run)",
+              file=sys.stderr)
+        show(result)
+        return 0
+    if result is not None and writers is not None and writers():
+        return _show_writers(args, writers(), lambda: show(result))
     from ..server import prefect_api
 
     api_url = None
@@ -136,6 +139,21 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
         if args.keep_server and api_url:  # also after a failed run: its page is what the user wants
             print_kept_server(api_url)
     show(result)
+    return 0
+
+
+def _show_writers(args: argparse.Namespace, ids: list[str], show: Callable[[], None]) -> int:
+    """``--keep-server`` on a finished stage: the server, left running, and the runs that wrote it."""
+    from ..run_links import describe_runs
+    from ..server import prefect_api
+
+    with prefect_api(args.state_dir, keep=True, host=args.server_host, auth=args.server_auth) as api_url:
+        print(describe_api(api_url), file=sys.stderr)
+        print("nothing to run: every test set is done and verified; the flow run(s) that wrote the outputs "
+              "(last: the one that finished them):", file=sys.stderr)
+        print("\n".join(link.line(api_url[: -len("/api")]) for link in describe_runs(ids)), file=sys.stderr)
+    print_kept_server(api_url)
+    show()
     return 0
 
 

@@ -68,10 +68,13 @@ def run_infer(args: argparse.Namespace) -> int:
     def validate():
         from ..config import load_config_input
         from ..parallel import preflight
+        from ..precheck import check_inputs_before_start
         from ..stage import prepare_stages
 
-        spec, stages = prepare_stages(load_config_input(config, overrides))
+        cfg = load_config_input(config, overrides)
+        spec, stages = prepare_stages(cfg)
         preflight(spec)
+        check_inputs_before_start(cfg, stages)  # the demo's data, then input_key: before a server starts
         prepared.extend(stages)
 
     def settled():
@@ -90,7 +93,12 @@ def run_infer(args: argparse.Namespace) -> int:
 
         print(format_summary(summaries))
 
-    return run_stage(args, validate=validate, run=run, show=show, settled=settled)
+    def writers():
+        from ..run_links import writer_runs
+
+        return writer_runs(stage.out_dir for stage in prepared)
+
+    return run_stage(args, validate=validate, run=run, show=show, settled=settled, writers=writers)
 
 
 def run_metrics(args: argparse.Namespace) -> int:

@@ -146,3 +146,33 @@ def test_the_ui_over_https_beyond_loopback_shows_the_run_in_chromium(tmp_path, c
         except BaseException:
             keep_evidence(page, request.node.name)
             raise
+
+
+def test_a_link_printed_by_a_finished_run_opens_after_it_ended(tmp_path, chromium, kept_servers, request):
+    """Issue 25: a run's "View at" link outlives the run. The CLI run stops its server when it ends;
+    `espnet3-prefect ui` serves the project's state again on the same port, and the very link the run
+    printed shows that run and its task runs."""
+    cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, n_workers=1, num_shards=2))
+    env = {**cli_env(tmp_path / "home"), "ESPNET3_PREFECT_REGISTRY": os.environ["ESPNET3_PREFECT_REGISTRY"]}
+    proc = subprocess.run([*CLI, "infer", "--config", str(cfg)], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [url] = re.findall(r"View at (http://127\.0\.0\.1:\d+/runs/flow-run/[0-9a-f-]{36})", proc.stderr)
+    assert kept_servers() == [] and not (tmp_path / "home/server.json").exists()  # the run's server is gone
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=5)
+    ui = subprocess.run([*CLI, "ui", str(tmp_path / "inference"), "--keep-server"], env=env, capture_output=True,
+                        text=True, timeout=300, cwd=tmp_path)
+    assert ui.returncode == 0, ui.stderr[-3000:]
+    assert f"  {url}  infer/" in ui.stdout, ui.stdout  # the same address: the printed link is valid again
+    assert ui.stdout.count(url) == 2  # as the run that wrote the folder, and among the recent runs
+    with Browser(chromium) as page:
+        try:
+            page.goto(url)
+            text = page.wait_for_text("Completed", "Task Runs", "Beginning flow run", timeout_s=90)
+            assert "Can't connect" not in text
+            assert page.click_text("Task Runs")
+            page.wait_for_text("run-shard-test_a-0", "run-shard-test_a-1", "merge-test_a", timeout_s=60)
+        except BaseException:
+            keep_evidence(page, request.node.name)
+            raise

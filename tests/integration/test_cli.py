@@ -58,11 +58,13 @@ def test_cli_stops_the_server_it_started(tmp_path):
     assert not (home / "server.json").exists()
     assert (tmp_path / "inference/test_a/y.scp").read_text().startswith("utt00000 0\n")
     # Every shard is cached now; local_gpu still fails before a server starts (here: no dask-cuda, or no GPU).
-    gpu = subprocess.run([*CLI, "infer", "--config", str(cfg), "parallel.env=local_gpu"], env=cli_env(home),
+    # No GPU visible: said first (not the [gpu] extra, which would not help), exit 2 as config errors do.
+    gpu = subprocess.run([*CLI, "infer", "--config", str(cfg), "parallel.env=local_gpu"],
+                         env={**cli_env(home), "CUDA_VISIBLE_DEVICES": ""},
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert gpu.returncode != 0 and "Prefect API" not in gpu.stderr and len(gpu.stderr.strip().splitlines()) == 1
-    assert gpu.stderr.startswith(("error: parallel.env 'local_gpu' needs the package",
-                                  "error: parallel.n_workers: 1 exceeds the 0 visible GPU(s)")), gpu.stderr
+    assert gpu.returncode == 2 and "Prefect API" not in gpu.stderr and len(gpu.stderr.strip().splitlines()) == 1
+    assert gpu.stderr.startswith("error: parallel.env: 'local_gpu' needs a GPU and none is visible"), gpu.stderr
+    assert "[gpu]" not in gpu.stderr
 
 
 def test_cli_bad_config_is_one_line_exit_2_and_starts_nothing(tmp_path):

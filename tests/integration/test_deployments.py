@@ -143,8 +143,19 @@ def test_bad_parameters_fail_the_run_at_once_with_the_message(deployed):
     run = deployment_run(d, "infer/local", 'overrides=["parallel.env=slrum"]', timeout=180)
     assert run.returncode != 0
     failed = last_run(d, "infer/local")
-    assert failed.state.is_failed() and "parallel.env: unknown backend 'slrum'" in failed.state.message
+    line = ("parallel.env: unknown backend 'slrum'; valid values: local, local_gpu, slurm, pbs, sge, lsf, htcondor, "
+            "moab, oar, ssh, kube")
+    assert failed.state.is_failed() and failed.state.message == line  # the state says why (inspect, the UI)
+    watched = " ".join(run.stdout.split())  # --watch shows the line (the terminal wraps it), no traceback
+    assert line in watched and "Traceback" not in run.stdout, run.stdout[-3000:]
     assert failed.total_run_time.total_seconds() < 10  # config checked before any cluster starts
+    inspect = subprocess.run([PREFECT, "flow-run", "inspect", str(failed.id)], env=d["env"], capture_output=True,
+                             text=True, timeout=120)
+    assert line in " ".join(inspect.stdout.split()), inspect.stdout[-2000:]
+    run = deployment_run(d, "infer/local", 'overrides=["+batch_sise=16"]', timeout=180)  # a misspelt key
+    failed = last_run(d, "infer/local")
+    assert failed.state.is_failed() and failed.state.message == (
+        "batch_sise: not a config key; did you mean batch_size? (a key of your own: list it under allow_keys:)")
     run = deployment_run(d, "evaluate/local", 'metrics_config=["recipes/dtmf/conf/nope.yaml"]', timeout=180)
     failed = last_run(d, "evaluate/local")
     assert failed.state.is_failed() and "config file not found: recipes/dtmf/conf/nope.yaml" in failed.state.message

@@ -57,6 +57,10 @@ CASES = [
     ("prefetch negative", _set("runner.prefetch", -1), "runner.prefetch: must be an integer >= 0 (batches read ahead of forward; 0 or false: off), got -1"),
     ("prefetch a word", _set("runner.prefetch", "auto"), "runner.prefetch: must be an integer >= 0"),
     ("prefetch a fraction", _set("runner.prefetch", 1.5), "runner.prefetch: must be an integer >= 0"),
+    ("misspelt batch_size", _set("batch_sise", 16), "batch_sise: not a config key; did you mean batch_size?"),
+    ("misspelt inference_dir", _set("inferece_dir", "/tmp/x"), "inferece_dir: not a config key; did you mean inference_dir?"),
+    ("misspelt parallel", _set("paralel", {"env": "local"}), "paralel: not a config key; did you mean parallel?"),
+    ("allow_keys not a list", _set("allow_keys", "batch_sise"), "allow_keys: must be a list of top-level key names"),
     ("address and env together", _set("parallel", {"address": "tcp://127.0.0.1:1", "env": "slurm"}), "parallel.env: conflicts with parallel.address"),
 ]
 
@@ -89,3 +93,34 @@ def test_override_of_unknown_key_needs_plus(tmp_path):
         load_config([path], ["a.c=2"])
     assert load_config([path], ["+a.c=2"]).a.c == 2
     assert "b" not in load_config([path], ["~a.b"]).a
+
+
+def test_a_misspelt_key_added_by_an_override_fails_first(tmp_path):
+    """``+batch_sise=16`` used to run with batching off (and redo every shard: "config changed"); a
+    misspelt key is named with the likely one before anything else is checked or built."""
+    path = write_yaml(tmp_path / "conf.yaml", toy_config(tmp_path))
+    with pytest.raises(ConfigError, match=r"^batch_sise: not a config key; did you mean batch_size\? "
+                                          r"\(a key of your own: list it under allow_keys:\)$"):
+        prepare_stages(load_config([path], ["+batch_sise=16"]))
+    with pytest.raises(ConfigError, match="^inferece_dir: .*did you mean inference_dir"):
+        prepare_stages(load_config([path], ["~inference_dir", "+inferece_dir=/tmp/x"]))
+    assert not (tmp_path / "inference").exists()
+
+
+def test_keys_of_your_own_keep_working_and_a_near_miss_can_be_allowed(tmp_path):
+    path = write_yaml(tmp_path / "conf.yaml", toy_config(tmp_path, fsdd_root="/data/fsdd", lm_path="/lm.bin"))
+    spec, stages = prepare_stages(load_config([path], ["+data_root=/x"]))
+    assert [s.test_set for s in stages] == ["test_a"]
+    allowed = load_config([path], ["+batch_sise=16", "+allow_keys=[batch_sise]"])
+    prepare_stages(allowed)  # a deliberate near-miss, listed: kept
+    from espnet3_prefect.config import identity_config
+
+    assert "allow_keys" not in identity_config(allowed)  # listing a key does not redo finished shards
+
+
+def test_a_misspelt_metrics_key_fails_first(tmp_path):
+    from espnet3_prefect.metrics_stage import prepare_metrics
+
+    path = write_yaml(tmp_path / "metrics.yaml", {"inference_dir": str(tmp_path), "metrik": []})
+    with pytest.raises(ConfigError, match="^metrik: not a config key; did you mean metrics\\?"):
+        prepare_metrics(load_config([path]))

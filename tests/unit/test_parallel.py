@@ -30,9 +30,10 @@ def test_slurm_options_are_forwarded_and_checked_against_dask_jobqueue():
 
 @pytest.mark.parametrize("env, extra, module, options", [("kube", "kube", "dask_kubernetes", {"image": "registry/e3p:1"}),
                                                            ("local_gpu", "gpu", "dask_cuda", {})])
-def test_missing_optional_backend_names_the_pip_extra(env, extra, module, options):
+def test_missing_optional_backend_names_the_pip_extra(env, extra, module, options, monkeypatch):
     if importlib.util.find_spec(module) is not None:  # .venv-espnet has [kube]; .venv has neither
         pytest.skip(f"{module} is installed here: the error for its absence is checked in .venv")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # local_gpu: a GPU is there, only dask-cuda is missing
     spec = ParallelSpec.from_config({"env": env, "options": options})
     with pytest.raises(MissingExtraError, match=f'pip install "espnet3-prefect\\[{extra}\\]"'):
         build_task_runner(spec)
@@ -53,7 +54,7 @@ def test_preflight_checks_the_gpus_before_anything_starts(monkeypatch):
     gpu = backends.get("local_gpu")
     monkeypatch.setattr(type(gpu), "load_cluster_class", lambda self: object)  # dask-cuda cannot run here
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    with pytest.raises(ConfigError, match="parallel.n_workers: 1 exceeds the 0 visible GPU\\(s\\)"):
+    with pytest.raises(ConfigError, match="parallel.env: 'local_gpu' needs a GPU and none is visible here"):
         preflight(ParallelSpec.from_config({"env": "local_gpu"}))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     preflight(ParallelSpec.from_config({"env": "local_gpu"}))
@@ -100,3 +101,26 @@ def test_local_workers_preload_ours_then_the_users_modules():
     theirs = ParallelSpec.from_config({"env": "local", "options": {"preload": "my_site.setup"}})
     assert LocalBackend().cluster_kwargs(theirs, ClusterContext(worker_preload=ours))["preload"] == [
         *ours, "my_site.setup"]
+
+
+def test_local_gpu_without_a_gpu_says_so_before_the_missing_extra(monkeypatch):
+    """No GPU: the [gpu] extra would not help, so it is not mentioned (a config error: exit 2); GPUs
+    but no dask-cuda: then the extra is what is missing."""
+    from espnet3_prefect import backends
+    from espnet3_prefect.errors import MissingExtraError
+    from espnet3_prefect.parallel import preflight
+
+    gpu = backends.get("local_gpu")
+
+    def no_dask_cuda(self):
+        raise MissingExtraError("parallel.env 'local_gpu' needs the package 'dask_cuda': "
+                                "pip install \"espnet3-prefect[gpu]\"")
+
+    monkeypatch.setattr(type(gpu), "load_cluster_class", no_dask_cuda)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ConfigError) as err:
+        preflight(ParallelSpec.from_config({"env": "local_gpu"}))
+    assert "[gpu]" not in str(err.value) and "none is visible" in str(err.value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(MissingExtraError, match=r"espnet3-prefect\[gpu\]"):
+        preflight(ParallelSpec.from_config({"env": "local_gpu"}))
