@@ -57,14 +57,6 @@ intersphinx_cache_limit = 0  # re-read them on every build (they are local files
 
 # Pages other branches add (checkpoints.md, runs.md): listed in the toctree when present, so the
 # site builds with or without them.
-OPTIONAL_PAGES = ("checkpoints", "runs")
-
-
-def _optional_pages(app, docname, source):
-    if docname != "index":
-        return
-    present = "\n".join(name for name in OPTIONAL_PAGES if (DOCS / f"{name}.md").exists())
-    source[0] = source[0].replace("%% optional pages\n", present + "\n" if present else "")
 
 
 def _modules() -> list[str]:
@@ -134,5 +126,4 @@ def _our_short_names(app, env, node, contnode):
 
 def setup(app):
     app.connect("missing-reference", _our_short_names)
-    app.connect("source-read", _optional_pages)
     app.connect("source-read", _api_page)

@@ -1,6 +1,7 @@
-"""``watch-checkpoints``: send one ``espnet3.checkpoint.saved`` event per new, complete checkpoint::
+"""``watch-checkpoints``: send one ``espnet3.checkpoint.saved`` event per new, complete checkpoint.
 
-    espnet3-prefect watch-checkpoints exp/asr_train [--pattern '**/*.ckpt'] [--mode all|latest]
+Usage: ``espnet3-prefect watch-checkpoints exp/asr_train [--pattern '**/*.ckpt'] [--mode all|latest]``
+(docs/checkpoints.md).
 """
 
 from __future__ import annotations

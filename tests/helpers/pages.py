@@ -22,6 +22,7 @@ PAGES = {path.relative_to(ROOT).as_posix(): path.read_text()
          for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))] if "_build" not in path.parts}
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", flags=re.M | re.S)
 TEXT_LANGUAGES = {"text"}  # output and diagrams: nothing to run
+CONSOLE = "console"  # a session: the `$ ` lines are commands (checked as bash's), the rest is their output
 DIRECTIVES = {"{toctree}", "{image}", "{literalinclude}", "{code-block}", "{eval-rst}"}
 
 
@@ -45,6 +46,11 @@ def bash_blocks(text: str) -> list[list[str]]:
 
 def all_blocks(language: str) -> list[tuple[str, str]]:
     return [(page, body) for page, text in PAGES.items() for lang, body in fenced_blocks(text) if lang == language]
+
+
+def console_commands(block: str) -> str:
+    """The commands of a ```console block (its ``$ `` lines), as a bash block's body."""
+    return "\n".join(line[2:] for line in block.splitlines() if line.startswith("$ "))
 
 
 def commands(block: str) -> list[list[str]]:

@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.helpers.pages import (DIRECTIVES, FENCE, PAGES, TEXT_LANGUAGES, all_blocks, bash_blocks, check_command, commands,
-                                 fenced_blocks, offline_inventories, page_command, run_as_written)
+from tests.helpers.pages import (CONSOLE, DIRECTIVES, FENCE, PAGES, TEXT_LANGUAGES, all_blocks, bash_blocks, check_command, commands,
+                                 console_commands, fenced_blocks, offline_inventories, page_command, run_as_written)
 
 README = (ROOT / "README.md").read_text()
 TOP = README.split("\n## Your recipe", 1)[0]  # what a new user reads first: set-up, demo, deployments
@@ -32,7 +32,8 @@ TOP = README.split("\n## Your recipe", 1)[0]  # what a new user reads first: set
 
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_every_command_on_the_page_names_what_exists_and_parses(page):
-    blocks = [body for language, body in fenced_blocks(PAGES[page]) if language == "bash"]
+    blocks = [body if language == "bash" else console_commands(body)
+              for language, body in fenced_blocks(PAGES[page]) if language in ("bash", CONSOLE)]
     for body in blocks:
         for argv in commands(body):
             check_command(argv, page)
@@ -41,7 +42,7 @@ def test_every_command_on_the_page_names_what_exists_and_parses(page):
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_every_fenced_block_has_a_language_we_check(page):
     for language, body in fenced_blocks(PAGES[page]):
-        assert language in {"bash", "python", "yaml"} | TEXT_LANGUAGES | DIRECTIVES, \
+        assert language in {"bash", CONSOLE, "python", "yaml"} | TEXT_LANGUAGES | DIRECTIVES, \
             f"{page}: a ``` block without a known language: {body[:60]!r}"
 
 
