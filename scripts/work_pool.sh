@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pool=${1:-espnet3-local}
-exec .venv/bin/prefect work-pool create "$pool" --type process --overwrite
+.venv/bin/prefect work-pool create "$pool" --type process --overwrite
+# evaluate/checkpoint's queue: one run at a time, taken in the order its checkpoints' events created them
+.venv/bin/prefect work-queue create checkpoints --pool "$pool" --limit 1 >/dev/null 2>&1 \
+  || .venv/bin/prefect work-queue set-concurrency-limit checkpoints 1 --pool "$pool"

@@ -26,6 +26,7 @@ DEFAULT_UI_PORT = 4200
 STATE_FILE = "deploy-local.json"
 WORKER_START_TIMEOUT_S = 120
 WORKER_QUERY_S = 2
+CHECKPOINT_QUEUE = "checkpoints"  # evaluate/checkpoint's work queue in prefect.yaml: concurrency limit 1
 
 
 def register(sub) -> None:
@@ -142,6 +143,9 @@ def deploy_local(args: argparse.Namespace) -> int:
                 timeout_s=120)
     run_command([prefect, "--no-prompt", "deploy", "--all", "--pool", args.pool], env=env, timeout_s=600,
                 cwd=str(project))
+    # evaluate/checkpoint's queue (made by the deploy): one run at a time, in the order the events made them
+    run_command([prefect, "work-queue", "set-concurrency-limit", CHECKPOINT_QUEUE, "1", "--pool", args.pool],
+                env=env, timeout_s=120)
     timings["deploy_s"] = time.monotonic() - t1
     log = home / "worker.log"
     with open(log, "ab") as handle:

@@ -24,6 +24,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.helpers.procs import CLI, copy_project, pid_alive
+from espnet3_prefect.cli.deploy import CHECKPOINT_QUEUE
 
 pytestmark = pytest.mark.slow
 SETTLE_S = 3.0
@@ -180,7 +181,7 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
     finally:
         watcher.kill()
 
-    records = sorted(history(d), key=lambda r: r["checkpoint"]["step"])  # runs may start out of order
+    records = history(d)  # scored in the order the checkpoints were saved (one queue, limit 1)
     assert [r["checkpoint"]["name"] for r in records] == [first.name, second.name, third.name]
     assert [r["checkpoint"]["step"] for r in records] == [100, 200, 300]
     wers = [r["headline"]["WER"]["test_clean"] for r in records]
@@ -189,6 +190,10 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
     assert all(r["shards_run"] > 0 for r in records)
     runs = checkpoint_runs(d)
     assert len(runs) == 3 and all(r.state.is_completed() for r in runs)
+    assert {r.work_queue_name for r in runs} == {CHECKPOINT_QUEUE}
+    started = sorted(runs, key=lambda r: r.start_time)
+    assert [r.parameters["checkpoint"].rsplit("/", 1)[-1] for r in started] == [first.name, second.name, third.name]
+    assert all(a.end_time <= b.start_time for a, b in zip(started, started[1:]))  # one at a time
     names = sorted(r.name for r in runs)
     assert names == sorted(f"evaluate-{r['checkpoint']['name']}-{r['checkpoint']['sha256'][:8]}" for r in records)
     assert all("checkpoint" in r.tags and any(t.startswith("sha256:") for t in r.tags) for r in runs)
@@ -245,4 +250,4 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
     finally:
         watcher.kill()
     assert all(r.state.is_completed() for r in checkpoint_runs(d))
-    assert sorted(r["checkpoint"]["name"] for r in history(d)[3:]) == [fourth.name, sixth.name]  # no fifth
+    assert [r["checkpoint"]["name"] for r in history(d)[3:]] == [fourth.name, sixth.name]  # no fifth, in order
