@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from espnet3_prefect._proc import pid_alive  # noqa: F401  (re-exported for the tests)
@@ -30,3 +31,14 @@ def copy_project(dest: Path) -> Path:
     for folder in ("flows", "recipes", "deployments"):
         shutil.copytree(ROOT / folder, project / folder, ignore=shutil.ignore_patterns("__pycache__"))
     return project
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    """Poll ``predicate`` every 0.5 s until it returns something true (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

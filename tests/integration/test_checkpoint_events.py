@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.helpers.procs import CLI, copy_project, pid_alive
+from tests.helpers.procs import CLI, copy_project, pid_alive, wait_for
 from espnet3_prefect.cli.deploy import CHECKPOINT_QUEUE
 
 pytestmark = pytest.mark.slow
@@ -111,15 +111,6 @@ def checkpoint_runs(d) -> list:
         deployment = client.read_deployment_by_name("evaluate/checkpoint")
         return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
 
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def history(d) -> list[dict]:

@@ -36,7 +36,7 @@ from espnet3_prefect.api_auth import client_file, read_client_file
 from espnet3_prefect.api_host import resolve_host
 from tests.conftest import ROOT, toy_config, write_yaml
 from tests.helpers.https_api import assert_only_both_get_in, key_lines, probe
-from tests.helpers.procs import CLI, cli_env, copy_project
+from tests.helpers.procs import CLI, cli_env, copy_project, wait_for
 from tests.integration.test_real_backends import batch_parallel, queue_jobs, sge, slurm, sshd  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
@@ -437,15 +437,6 @@ def netns():
         _ip("netns", "delete", name, check=False)
 
 
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
 
 def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_path):
     from distributed import Client
@@ -487,7 +478,7 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
             except OSError:
                 return []
 
-        [worker] = _wait_for(workers, 180, "the worker in the namespace to join the scheduler")
+        [worker] = wait_for(workers, 180, "the worker in the namespace to join the scheduler")
         assert worker.startswith(f"tcp://{netns['worker']}:"), worker
 
         cfg = toy_config(tmp_path, n=6, num_shards=2)
