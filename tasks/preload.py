@@ -50,17 +50,32 @@ def warm_up() -> list[str]:
 
 def dask_setup(worker) -> None:
     """Dask's preload hook: :func:`warm_up` in the worker process, before it runs any task; then
-    :func:`ignore_ctrl_c`."""
+    :func:`quiet_after_ctrl_c`."""
     setattr(worker, WARMED, warm_up())
-    ignore_ctrl_c()
+    quiet_after_ctrl_c()
 
 
-def ignore_ctrl_c() -> None:
+def quiet_after_ctrl_c() -> None:
     """A terminal's Ctrl-C reaches every process of its foreground group, local workers included: each
-    printed a KeyboardInterrupt traceback while the driver, which the Ctrl-C is for, stops them anyway
-    (it closes the cluster; a batch scheduler or the nanny ends the others with SIGTERM)."""
+    printed a KeyboardInterrupt traceback, and then Dask's notes on the tasks the driver cancelled, while
+    the driver, which the Ctrl-C is for, stops them anyway (it closes the cluster; a batch scheduler or
+    the nanny ends the others with SIGTERM). The worker keeps running and goes quiet: its stdout and
+    stderr go to /dev/null (what it sends to the Prefect API is unchanged)."""
     import signal
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, _quiet)
+
+
+def _quiet(signum, frame) -> None:
+    import os
+
+    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)

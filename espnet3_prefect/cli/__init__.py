@@ -46,6 +46,39 @@ def _terminate_cleanly(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+class _CtrlC:
+    """Ctrl-C, said once: from the interrupt on, what the teardown writes to stderr (Prefect's crash
+    report and exit hooks, Dask's cancellations) goes to /dev/null, and :func:`main` writes its one line
+    to the stderr saved here. Installed only where SIGINT has Python's default handler (a run started
+    with SIGINT ignored, ``nohup ... &``, keeps ignoring it)."""
+
+    saved_fd: int | None = None
+
+    @classmethod
+    def install(cls) -> None:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, cls.interrupted)
+
+    @classmethod
+    def interrupted(cls, signum, frame) -> None:
+        if cls.saved_fd is None:
+            sys.stderr.flush()
+            cls.saved_fd = os.dup(2)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+        raise KeyboardInterrupt
+
+    @classmethod
+    def restore(cls) -> None:
+        """stderr back to where it was before the interrupt (the handler stays: a second Ctrl-C is quiet too)."""
+        if cls.saved_fd is not None:
+            sys.stderr.flush()
+            os.dup2(cls.saved_fd, 2)
+            os.close(cls.saved_fd)
+            cls.saved_fd = None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -54,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     signal.signal(signal.SIGTERM, _terminate_cleanly)
+    _CtrlC.install()
     put_on_pythonpath(os.getcwd())  # recipe modules (src.inference.MyProvider) import on workers and in jobs
     try:
         return args.handler(args)
@@ -61,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
+        _CtrlC.restore()
         print("error: interrupted; finished shards are kept and a re-run resumes from them", file=sys.stderr)
         if argv is None:  # the console script: leave now. Our servers and clusters are closed by here;
             # Prefect's exit hook would wait, without a limit, to send its queued events and logs to
