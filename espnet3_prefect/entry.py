@@ -49,9 +49,9 @@ def infer(config: DictConfig) -> None:
     spec, stages = prepare_stages(cfg)
     _main_guard("infer()", spec.env if not spec.address else None)
     preflight(spec)  # every config error before a server or cluster starts
-    check_inputs_before_start(cfg, stages)  # the demo's data, then input_key
     if _settled(stages):
         return
+    check_inputs_before_start(cfg, stages)  # work to do: the demo's data, then input_key
     importable_from_workers()
 
     def start():

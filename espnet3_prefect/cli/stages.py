@@ -64,23 +64,25 @@ def infer_input(args: argparse.Namespace) -> tuple:
 def run_infer(args: argparse.Namespace) -> int:
     config, overrides = infer_input(args)
     prepared = []
+    done = []
 
     def validate():
         from ..config import load_config_input
         from ..parallel import preflight
         from ..precheck import check_inputs_before_start
+        from ..resume import all_complete
         from ..stage import prepare_stages
 
         cfg = load_config_input(config, overrides)
         spec, stages = prepare_stages(cfg)
         preflight(spec)
-        check_inputs_before_start(cfg, stages)  # the demo's data, then input_key: before a server starts
         prepared.extend(stages)
+        done.append(all_complete(stages))
+        if done[0] is None:  # work to do: the demo's data, then input_key, before a server starts
+            check_inputs_before_start(cfg, stages)
 
     def settled():
-        from ..resume import all_complete
-
-        return all_complete(prepared)
+        return done[0]
 
     def run():
         from ..flows.infer import infer
