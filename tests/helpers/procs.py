@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,3 +45,33 @@ def wait_for(predicate, timeout_s: float, what: str):
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def deploy_local(base: Path, prepare=None):
+    """``deploy-local`` (a free port) on a copy of the project in ``base``, state in ``base/home``; yields
+    ``(proc, state, env)``: the finished command, its state record (None when it wrote none) and the
+    environment it ran with (PREFECT_* removed). ``prepare(project, env)`` runs first. On exit:
+    ``deploy-local --stop``, then its worker and server must be gone (by pid) and its state file too."""
+    from espnet3_prefect.server import free_port
+
+    project = copy_project(base)
+    home = base / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
+    if prepare is not None:
+        prepare(project, env)
+    proc = subprocess.run([*CLI, "deploy-local", "--port", str(free_port()), "--project-dir", str(project)],
+                          env=env, capture_output=True, text=True, timeout=400)
+    state_file = home / "deploy-local.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else None
+    try:
+        yield proc, state, env
+    finally:
+        stop = subprocess.run([*CLI, "deploy-local", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+        if state is not None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (pid_alive(state["worker_pid"]) or pid_alive(state["server_pid"])):
+                time.sleep(0.5)
+            assert not pid_alive(state["worker_pid"]) and not pid_alive(state["server_pid"]), stop.stdout + stop.stderr
+            assert not state_file.exists()

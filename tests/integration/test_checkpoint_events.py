@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.helpers.procs import CLI, copy_project, pid_alive, wait_for
+from tests.helpers.procs import CLI, deploy_local, wait_for
 from espnet3_prefect.cli.deploy import CHECKPOINT_QUEUE
 
 pytestmark = pytest.mark.slow
@@ -49,31 +48,15 @@ def demo_checkpoint(epoch: int, dead_tones: list[int], legacy: bool = False) -> 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     """deploy-local on a copy of the project (demo data made up front); stopped after."""
-    from espnet3_prefect.server import free_port
+    def make_demo_data(project, env):
+        subprocess.run([*CLI[:1], "-m", "espnet3_prefect.demo.recipe", "--data-root", str(project / "exp/dtmf/data")],
+                       check=True, env=env, capture_output=True, timeout=300)
 
     base = tmp_path_factory.mktemp("ckpt")
-    project = copy_project(base)
-    home = base / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
-    subprocess.run([*CLI[:1], "-m", "espnet3_prefect.demo.recipe", "--data-root", str(project / "exp/dtmf/data")],
-                   check=True, env=env, capture_output=True, timeout=300)
-    proc = subprocess.run([*CLI, "deploy-local", "--port", str(free_port()), "--project-dir", str(project)],
-                          env=env, capture_output=True, text=True, timeout=400)
-    state_file = home / "deploy-local.json"
-    state = json.loads(state_file.read_text()) if state_file.exists() else None
-    try:
+    with deploy_local(base, prepare=make_demo_data) as (proc, state, env):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        env = {**env, "PREFECT_API_URL": state["api_url"], "PREFECT_HOME": str(home / "client_home")}
-        yield {"project": project, "env": env, "state": state, "base": base}
-    finally:
-        subprocess.run([*CLI, "deploy-local", "--stop"], env={**env, "ESPNET3_PREFECT_HOME": str(home)},
-                       capture_output=True, text=True, timeout=120)
-        if state is not None:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and (pid_alive(state["worker_pid"]) or pid_alive(state["server_pid"])):
-                time.sleep(0.5)
-            assert not pid_alive(state["worker_pid"]) and not pid_alive(state["server_pid"])
+        env = {**env, "PREFECT_API_URL": state["api_url"], "PREFECT_HOME": str(base / "home/client_home")}
+        yield {"project": base / "project", "env": env, "state": state, "base": base}
 
 
 class WatcherProc:

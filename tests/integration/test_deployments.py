@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import CLI, copy_project, pid_alive
+from tests.helpers.procs import CLI, deploy_local
 
-from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -34,35 +33,17 @@ CER_T = "espnet3.systems.esp2_asr.metrics.cer.CER"
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     """deploy-local on a copy of the project; yields (project, env, state); stopped after."""
-    from espnet3_prefect.server import free_port
-
     base = tmp_path_factory.mktemp("deploy")
-    project = copy_project(base)
     home = base / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
     started = time.monotonic()
-    proc = subprocess.run([*CLI, "deploy-local", "--port", str(free_port()), "--project-dir", str(project)],
-                          env=env, capture_output=True, text=True, timeout=400)
-    state_file = home / "deploy-local.json"
-    state = json.loads(state_file.read_text()) if state_file.exists() else None
-    try:
+    with deploy_local(base) as (proc, state, env):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         assert "ready in" in proc.stdout and "stop:    espnet3-prefect deploy-local --stop" in proc.stdout
         assert state["api_url"].startswith("http://127.0.0.1:") and f"UI:      {state['ui_url']}" in proc.stdout
         with urllib.request.urlopen(f"{state['ui_url']}/ui-settings", timeout=20) as resp:
             assert json.load(resp)["api_url"] == state["api_url"]  # the UI talks to this server (was :4200)
         env = {**env, "PREFECT_API_URL": state["api_url"], "PREFECT_HOME": str(home / "client_home")}
-        yield {"project": project, "env": env, "state": state, "home": home, "started": started, "base": base}
-    finally:
-        stop = subprocess.run([*CLI, "deploy-local", "--stop"], env={**env, "ESPNET3_PREFECT_HOME": str(home)},
-                              capture_output=True, text=True, timeout=120)
-        if state is not None:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and (pid_alive(state["worker_pid"]) or pid_alive(state["server_pid"])):
-                time.sleep(0.5)
-            assert not pid_alive(state["worker_pid"]) and not pid_alive(state["server_pid"]), stop.stdout + stop.stderr
-            assert not state_file.exists()
+        yield {"project": base / "project", "env": env, "state": state, "home": home, "started": started, "base": base}
 
 
 def deployment_run(d, name: str, *params: str, timeout: int = 420) -> subprocess.CompletedProcess:
