@@ -41,6 +41,11 @@ DEFAULT_STATE_DIR = ".e3p/prefect"
 STATE_DIR_HELP = ("embedded server state (default $ESPNET3_PREFECT_HOME, else .e3p/prefect in the git "
                   "checkout of the current folder, else in the current folder)")
 STARTUP_TIMEOUT_S = 180
+#: Prefect server services a CLI run's own server goes without (``services="run"``): deployment
+#: schedules, late and paused runs, work-pool workers' health, cancelled runs' children, concurrency
+#: leases. Task runs, events, logs and artifacts (task-run recorder, event persister), and automations,
+#: stay. A user's own ``PREFECT_SERVER_SERVICES_<NAME>_ENABLED`` in the environment wins.
+RUN_ONLY_OFF = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "REPOSSESSOR")
 
 
 def project_folder(start: str | Path | None = None) -> Path:
@@ -114,9 +119,10 @@ def prefect_executable() -> str:
 
 
 def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: str = "127.0.0.1",
-                 auth_string: str | None = None) -> tuple[subprocess.Popen, str]:
+                 auth_string: str | None = None, services: str = "all") -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
-    ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv)."""
+    ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv).
+    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:data:`RUN_ONLY_OFF`)."""
     from .api_host import url_host
 
     port = port or free_port(host)
@@ -132,6 +138,8 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
         env.pop(inherited, None)
     if auth_string:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
+    for name in RUN_ONLY_OFF if services == "run" else ():
+        env.setdefault(f"PREFECT_SERVER_SERVICES_{name}_ENABLED", "false")
     cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
     log.info("starting Prefect server: %s", " ".join(cmd))
     logfile = open(home / "server.log", "ab")
@@ -144,7 +152,7 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
             tail = (home / "server.log").read_text(errors="replace")[-1500:]
             raise Espnet3PrefectError(f"Prefect server exited with code {proc.returncode}; log {home/'server.log'}: {' '.join(tail.split()[-60:])}")
         if healthy(api_url):
-            _register(proc.pid, api_url, home, ui, auth=bool(auth_string))
+            _register(proc.pid, api_url, home, ui, auth=bool(auth_string), services=services)
             return proc, api_url
         time.sleep(0.5)
     stop_server(proc.pid)
@@ -186,7 +194,8 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
 
     The URL is exported in ``os.environ`` (Dask workers and batch jobs inherit it) and set in
     Prefect's settings for this process. A server started here is stopped on exit unless
-    ``keep`` is set or another run still uses it. ``host`` (default ``$ESPNET3_PREFECT_SERVER_HOST``,
+    ``keep`` is set or another run still uses it; one that is not kept runs only the services a run
+    uses (``services="run"`` of :func:`start_server`). ``host`` (default ``$ESPNET3_PREFECT_SERVER_HOST``,
     else 127.0.0.1): where a new server listens; off loopback it asks for basic auth (``auth``: force
     it on loopback too; ``False`` off loopback is refused), see :mod:`espnet3_prefect.api_auth`.
 
@@ -214,7 +223,7 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
     try:
         info = running_server(home)
         if info is None:
-            info = start_recorded(home, ui=ui, host=address, auth=with_auth)
+            info = start_recorded(home, ui=ui, host=address, auth=with_auth, services="all" if keep else "run")
         creds = server_client(home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth)
     except BaseException:
         me.unlink(missing_ok=True)
@@ -233,14 +242,15 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
 
 
 def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool = False,
-                   port: int | None = None) -> dict:
+                   port: int | None = None, services: str = "all") -> dict:
     """Start a server for ``home`` (with a new credential in its 0600 client file when ``auth``) and
     record it in ``home/server.json``; return that record."""
     from .api_auth import ClientCredentials, client_file, new_auth_string, write_client_file
 
     auth_string = new_auth_string() if auth else None
-    proc, url = start_server(home, port=port, ui=ui, host=host, auth_string=auth_string)
-    info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")], "host": host, "auth": auth}
+    proc, url = start_server(home, port=port, ui=ui, host=host, auth_string=auth_string, services=services)
+    info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")], "host": host, "auth": auth,
+            "services": services}
     if auth:
         write_client_file(client_file(home), ClientCredentials(url, auth_string))
     atomic_write_text(home / "server.json", json.dumps(info))
@@ -276,9 +286,9 @@ def registry_dir() -> Path:
     return Path(chosen).expanduser()
 
 
-def _register(pid: int, api_url: str, home: Path, ui: bool, auth: bool = False) -> None:
+def _register(pid: int, api_url: str, home: Path, ui: bool, auth: bool = False, services: str = "all") -> None:
     record = {"pid": pid, "api_url": api_url, "started": datetime.now().astimezone().isoformat(timespec="seconds"),
-              "state_dir": str(home), "ui": ui, "auth": auth}
+              "state_dir": str(home), "ui": ui, "auth": auth, "services": services}
     try:
         registry_dir().mkdir(parents=True, exist_ok=True)
         atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))
