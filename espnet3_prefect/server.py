@@ -33,6 +33,7 @@ from typing import Iterator
 from ._proc import pid_alive, stop_group
 from .atomic import atomic_write_text
 from .errors import Espnet3PrefectError
+from .server_services import service_environ
 from .util import read_json
 
 log = logging.getLogger("espnet3_prefect")
@@ -41,11 +42,6 @@ DEFAULT_STATE_DIR = ".e3p/prefect"
 STATE_DIR_HELP = ("embedded server state (default $ESPNET3_PREFECT_HOME, else .e3p/prefect in the git "
                   "checkout of the current folder, else in the current folder)")
 STARTUP_TIMEOUT_S = 180
-#: Prefect server services a CLI run's own server goes without (``services="run"``): deployment
-#: schedules, late and paused runs, work-pool workers' health, cancelled runs' children, concurrency
-#: leases. Task runs, events, logs and artifacts (task-run recorder, event persister), and automations,
-#: stay. A user's own ``PREFECT_SERVER_SERVICES_<NAME>_ENABLED`` in the environment wins.
-RUN_ONLY_OFF = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "REPOSSESSOR")
 
 
 def project_folder(start: str | Path | None = None) -> Path:
@@ -122,7 +118,7 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
                  auth_string: str | None = None, services: str = "all") -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
     ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv).
-    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:data:`RUN_ONLY_OFF`)."""
+    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.server_services`)."""
     from .api_host import url_host
 
     port = port or free_port(host)
@@ -138,8 +134,7 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
         env.pop(inherited, None)
     if auth_string:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
-    for name in RUN_ONLY_OFF if services == "run" else ():
-        env.setdefault(f"PREFECT_SERVER_SERVICES_{name}_ENABLED", "false")
+    env.update(service_environ(services, env))
     cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
     log.info("starting Prefect server: %s", " ".join(cmd))
     logfile = open(home / "server.log", "ab")

@@ -40,8 +40,9 @@ def _server_environ(pid: int) -> dict[str, str]:
 
 def test_a_runs_own_server_runs_only_what_a_run_uses_and_still_shows_all_of_it(tmp_path, monkeypatch):
     """A CLI run's embedded server starts without the deployment services (scheduler, late runs,
-    foreman, pause and cancellation sweeps, repossessor); the run's task runs, their logs, the
-    progress artifact and the summary table are all in its API."""
+    foreman, pause and cancellation sweeps, repossessor) and writes events in batches; the run's task
+    runs (all completed), their logs, the progress artifact and the summary table are all in the
+    project's API after the run, its server stopped."""
     import time
 
     from prefect.client.orchestration import get_client
@@ -49,7 +50,8 @@ def test_a_runs_own_server_runs_only_what_a_run_uses_and_still_shows_all_of_it(t
                                                 FlowRunFilterId, LogFilter, LogFilterFlowRunId)
 
     from espnet3_prefect.flows.infer import infer
-    from espnet3_prefect.server import RUN_ONLY_OFF, _flush_prefect, prefect_api
+    from espnet3_prefect.server import _flush_prefect, prefect_api
+    from espnet3_prefect.server_services import RUN_ONLY_OFF
     from espnet3_prefect.util import read_json
     from tests.conftest import toy_config, write_yaml
 
@@ -61,14 +63,18 @@ def test_a_runs_own_server_runs_only_what_a_run_uses_and_still_shows_all_of_it(t
         assert info["services"] == "run"
         environ = _server_environ(info["pid"])
         assert {environ.get(f"PREFECT_SERVER_SERVICES_{name}_ENABLED") for name in RUN_ONLY_OFF} == {"false"}
-        assert "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED" not in environ
+        assert "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED" not in environ  # task runs are recorded
+        assert environ["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"] == "50"  # in batches
         state = infer(config=[str(path)], return_state=True)
         assert state.is_completed()
-        _flush_prefect()
         run_id = state.state_details.flow_run_id
+    # the run's server stopped when the run ended; what it took in is in the project's database (the
+    # next run's server, the UI) in full: nothing batched was lost on the way out
+    with prefect_api(tmp_path / "home", ui=False):
+        _flush_prefect()
         with get_client(sync_client=True) as client:
-            deadline = time.monotonic() + 60
-            while True:  # the task-run recorder books task runs from their events, a moment later
+            deadline = time.monotonic() + 10
+            while True:  # (not a wait for the recorder: it stopped with the first server)
                 runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
                 shards = sorted(r.name for r in runs if r.name.startswith("run-shard"))
                 if (len(shards) == 4 and all(r.state and r.state.is_completed() for r in runs)) \
