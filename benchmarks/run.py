@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from . import baselines, orchestration, synthetic
+from . import baselines, mini_an4, orchestration, synthetic
 from .data_groups import balance, prefetch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,6 +168,19 @@ def worker_start(s: Suite) -> None:
                  note=f"spawned (before): {spawn:.2f} s; forked / spawned {fork / spawn:.2f}")
 
 
+def real_recipe(s: Suite) -> None:
+    """9: mini_an4 ``infer`` + ``measure``, 2 workers, ours / upstream (where the real-ESPnet layer is)."""
+    recipe = mini_an4.recipe_folder()
+    if recipe is None:
+        print(f"  mini_an4: skipped (no .venv-espnet or no trained recipe in ${mini_an4.WORKDIR_VAR})")
+        return
+    times = mini_an4.compare(recipe, rounds=1 if s.quick else 2)
+    ours, upstream = min(times["ours"]), min(times["upstream"])
+    s.record("mini_an4", "infer + measure, 2 workers: espnet3-prefect / upstream", ours / upstream, "<= 1.10",
+             f"best of {len(times['ours'])}: {ours:.1f} s vs {upstream:.1f} s; all: ours "
+             f"{', '.join(f'{t:.1f}' for t in times['ours'])}, upstream {', '.join(f'{t:.1f}' for t in times['upstream'])}")
+
+
 def shard_count(s: Suite) -> None:
     """3: the default plan vs 1 and 10 shards per worker (2 workers, 3 ms forward)."""
     from espnet3_prefect.plan import default_num_shards
@@ -238,11 +251,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 1/5 of the time)")
     parser.add_argument("--out", default=None, help="also write the results table here (markdown)")
     parser.add_argument("--only", nargs="*", default=None,
-                        choices=["overhead", "scaling", "workers", "shards", "prefetch", "balance", "memory", "merge"])
+                        choices=["overhead", "scaling", "workers", "mini_an4", "shards", "prefetch", "balance", "memory", "merge"])
     args = parser.parse_args()
     from espnet3_prefect.server import prefect_api
 
-    steps = {"overhead": overhead_and_resume, "scaling": scaling, "workers": worker_start, "shards": shard_count,
+    steps = {"overhead": overhead_and_resume, "scaling": scaling, "workers": worker_start, "mini_an4": real_recipe,
+             "shards": shard_count,
              "prefetch": prefetch,
              "balance": balance, "memory": driver_memory, "merge": merge_vs_cat}
     print(f"machine: {machine()}")
