@@ -3,13 +3,13 @@
 A run sends, per task run, three state events (Pending, Running, Completed) and a few log lines.
 Prefect's task-run recorder writes each state event in a database transaction of its own by
 default, and the event persister reads one event at a time: on the same 2 cores as the workers
-that was ~20 ms of server CPU per task run. :data:`BATCHED` has both take up to 50 events and write
-them at least every second: the UI shows every task run, state and event, at most a second later,
-for ~8 ms per task run (``python -m benchmarks.run``, group ``overhead``).
-
-A CLI run's own server (``services="run"``) also goes without :data:`RUN_ONLY_OFF`; a server that
-outlives the run (``--keep-server``, ``deploy-local``) runs every service. A variable the user set
-in the environment wins over ours.
+that was ~20 ms of server CPU per task run. A CLI run's own server (``services="run"``) has both take
+up to 50 events and write them at least every second (:data:`BATCHED`): ~8 ms per task run
+(``python -m benchmarks.run``, group ``overhead``); the UI shows every task run, state and event, at
+most a second later, and the server writes what it holds when it stops at the end of the run. It
+also goes without :data:`RUN_ONLY_OFF`. A server that outlives the run (``--keep-server``,
+``deploy-local``), which other programs may read right after a run, keeps Prefect's defaults. A
+variable the user set in the environment wins over ours.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ def service_environ(services: str, environ: Mapping[str, str]) -> dict[str, str]
     >>> env = service_environ("run", {"PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "true"})
     >>> "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED" in env, env["PREFECT_SERVER_SERVICES_FOREMAN_ENABLED"]
     (False, 'false')
-    >>> service_environ("all", {})["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"]
-    '50'
+    >>> service_environ("run", {})["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"], service_environ("all", {})
+    ('50', {})
     """
     if services not in SERVICES:
         raise ValueError(f"services: {services!r} is not one of {', '.join(SERVICES)}")
-    wanted = dict(BATCHED)
+    wanted = {}
     if services == "run":
+        wanted.update(BATCHED)
         wanted.update({f"{_PREFIX}{name}_ENABLED": "false" for name in RUN_ONLY_OFF})
     return {name: value for name, value in wanted.items() if name not in environ}
