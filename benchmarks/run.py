@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from . import baselines, synthetic
+from . import baselines, mini_an4, orchestration, synthetic
 from .data_groups import balance, prefetch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +32,7 @@ class Suite:
     def __init__(self, work: Path, quick: bool):
         self.work, self.quick, self.rows = work, quick, []
         self.n = 2000 if quick else 10_000
+        self.server = orchestration.ServerMeter(work / "home")
 
     def record(self, group: str, name: str, value: float, goal: str = "", note: str = "") -> None:
         """One result, with the 1-minute load average seen when it was recorded (2 cores: above ~2.5
@@ -92,7 +93,9 @@ def overhead_and_resume(s: Suite) -> None:
     shards = default_num_shards(s.n, 2)
     seq = baselines.sequential(s.stage("seq", s.n, COST_MS, 1, None), s.n, s.work / "seq_out")
     dask = baselines.plain_dask(s.stage("dask", s.n, COST_MS, 2, shards), s.n, 2, shards, s.work / "dask_out")
+    s.server.start()
     flow, _ = s.infer("ovh", s.n, COST_MS, 2)
+    server_cpu, task_runs = s.server.stop()
     same = (s.work / "dask_out/y.scp").read_bytes() == (s.work / "ovh/bench/y.scp").read_bytes() \
         == (s.work / "seq_out/y.scp").read_bytes()
     s.record("overhead", f"sequential loop, {s.n} items x {COST_MS:g} ms [s]", seq)
@@ -100,6 +103,8 @@ def overhead_and_resume(s: Suite) -> None:
     s.record("overhead", "infer flow, same [s]", flow, note="outputs identical" if same else "OUTPUTS DIFFER")
     s.record("overhead", "infer / plain Dask", flow / dask, "<= 1.10")
     s.record("overhead", "plain Dask / sequential (2 workers)", dask / seq)
+    s.record("overhead", "embedded server CPU per task run of that flow [ms]", 1000 * server_cpu / max(1, task_runs),
+             "<= 20", f"{server_cpu:.2f} s CPU for {task_runs} task runs")
     again = s.dropin_infer(s.work / "ovh.yaml")
     s.record("resume", "re-run of the finished stage / first run", again / flow, "<= 0.03",
              "drop-in infer(config), as the CLI: answered without a flow run")
@@ -138,7 +143,7 @@ def scaling(s: Suite) -> None:
     two, _ = s.infer("w2", s.n, COST_MS, 2)
     s.record("scaling", "1 worker [s]", one)
     s.record("scaling", "2 workers [s]", two)
-    s.record("scaling", "parallel efficiency t1 / (2 t2)", one / (2 * two), ">= 0.85")
+    s.record("scaling", "parallel efficiency t1 / (2 t2)", one / (2 * two), ">= 0.90")
     sizes = [1_000, 10_000] if s.quick else [1_000, 10_000, 100_000]
     base = None
     for n in sizes:
@@ -146,6 +151,34 @@ def scaling(s: Suite) -> None:
         base = base or wall / n
         s.record("scaling", f"{n} items, zero-cost forward: s per item / s per item at 1k", (wall / n) / base,
                  note=f"{wall:.2f} s")
+
+
+def worker_start(s: Suite) -> None:
+    """8: CPU of starting 1, 2, 4 local workers (each in a fresh process, all registered): forked from
+    the warm fork server, as the flows start them, vs spawned (each imports Prefect and our tasks)."""
+    rounds = 1 if s.quick else 2
+    cpu: dict[tuple[int, bool], list[float]] = {}
+    for _ in range(rounds):  # interleaved: load from other processes falls on both alike
+        for n in (1, 2, 4):
+            for fork in (True, False):
+                cpu.setdefault((n, fork), []).append(orchestration.measure_worker_start(n, fork)["cpu_s"])
+    for n in (1, 2, 4):
+        fork, spawn = min(cpu[n, True]), min(cpu[n, False])
+        s.record("workers", f"worker start CPU, {n} local worker(s), forked [s]", fork,
+                 note=f"spawned (before): {spawn:.2f} s; forked / spawned {fork / spawn:.2f}")
+
+
+def real_recipe(s: Suite) -> None:
+    """9: mini_an4 ``infer`` + ``measure``, 2 workers, ours / upstream (where the real-ESPnet layer is)."""
+    recipe = mini_an4.recipe_folder()
+    if recipe is None:
+        print(f"  mini_an4: skipped (no .venv-espnet or no trained recipe in ${mini_an4.WORKDIR_VAR})")
+        return
+    times = mini_an4.compare(recipe, rounds=1 if s.quick else 2)
+    ours, upstream = min(times["ours"]), min(times["upstream"])
+    s.record("mini_an4", "infer + measure, 2 workers: espnet3-prefect / upstream", ours / upstream, "<= 1.10",
+             f"best of {len(times['ours'])}: {ours:.1f} s vs {upstream:.1f} s; all: ours "
+             f"{', '.join(f'{t:.1f}' for t in times['ours'])}, upstream {', '.join(f'{t:.1f}' for t in times['upstream'])}")
 
 
 def shard_count(s: Suite) -> None:
@@ -218,11 +251,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 1/5 of the time)")
     parser.add_argument("--out", default=None, help="also write the results table here (markdown)")
     parser.add_argument("--only", nargs="*", default=None,
-                        choices=["overhead", "scaling", "shards", "prefetch", "balance", "memory", "merge"])
+                        choices=["overhead", "scaling", "workers", "mini_an4", "shards", "prefetch", "balance", "memory", "merge"])
     args = parser.parse_args()
     from espnet3_prefect.server import prefect_api
 
-    steps = {"overhead": overhead_and_resume, "scaling": scaling, "shards": shard_count, "prefetch": prefetch,
+    steps = {"overhead": overhead_and_resume, "scaling": scaling, "workers": worker_start, "mini_an4": real_recipe,
+             "shards": shard_count,
+             "prefetch": prefetch,
              "balance": balance, "memory": driver_memory, "merge": merge_vs_cat}
     print(f"machine: {machine()}")
     work = Path(tempfile.mkdtemp(prefix="e3p-bench-"))

@@ -44,13 +44,14 @@ from .parallel import ParallelSpec, build_task_runner
 
 
 @contextlib.contextmanager
-def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger,
-                     worker_preload: tuple[str, ...] = ()) -> Iterator[Any]:
+def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger, worker_preload: tuple[str, ...] = (),
+                     forkserver_preload: tuple[str, ...] = ()) -> Iterator[Any]:
     """The flow's ``DaskTaskRunner``, started; batch jobs watched and always cleaned up.
 
     ``log_root`` is the inference dir (the default job logs go under it). ``worker_preload``: modules
     each worker imports while it starts, on the backends that take a ``preload`` (see
-    :class:`~espnet3_prefect.backends.base.ClusterContext`). For a running
+    :class:`~espnet3_prefect.backends.base.ClusterContext`); ``forkserver_preload``: modules imported
+    once in the fork server that ``env: local`` workers are forked from. For a running
     scheduler (``address``) and the local backends this is the plain runner of
     :func:`build_task_runner`. On every backend a failure to close the cluster after another
     error (workers too slow to stop) is logged, never raised in place of that error.
@@ -58,7 +59,7 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger,
     backend = None if spec.address else backends.get(spec.env)
     certificates: list[RunCertificates] = []
     try:
-        with _opened(spec, backend, log_root, logger, certificates, worker_preload) as runner:
+        with _opened(spec, backend, log_root, logger, certificates, worker_preload, forkserver_preload) as runner:
             yield runner
     finally:
         for certs in certificates:
@@ -81,12 +82,13 @@ def _certificates(spec: ParallelSpec, backend: Backend | None, job_name: str, fo
 
 @contextlib.contextmanager
 def _opened(spec: ParallelSpec, backend: Backend | None, log_root: Path, logger, made: list,
-            worker_preload: tuple[str, ...]) -> Iterator[Any]:
+            worker_preload: tuple[str, ...], forkserver_preload: tuple[str, ...] = ()) -> Iterator[Any]:
     if backend is None or not backend.batch:
         job_name = run_job_name(spec.options.get("job_name"), current_flow_run_id())
         certs = _certificates(spec, backend, job_name, None, made, logger)
-        context = ClusterContext(certificates=certs, worker_preload=worker_preload)
-        with _dask_settings(backend, spec), _entered(build_task_runner(spec, context), logger) as runner:
+        context = ClusterContext(certificates=certs, worker_preload=worker_preload,
+                                 forkserver_preload=forkserver_preload)
+        with _dask_settings(backend, spec, context), _entered(build_task_runner(spec, context), logger) as runner:
             if backend is not None and backend.start_at_once:
                 _start(runner, backend)  # a remote start fails here, on one line with a hint
             yield runner
@@ -147,9 +149,9 @@ def cancel_jobs_hook(flow, flow_run, state) -> None:
                         ", ".join(f"{j.job_id} ({j.state})" for j in left))
 
 
-def _dask_settings(backend: Backend | None, spec: ParallelSpec):
+def _dask_settings(backend: Backend | None, spec: ParallelSpec, context: ClusterContext | None = None):
     """The backend's Dask settings (:meth:`Backend.dask_settings`), held while the cluster lives."""
-    settings = backend.dask_settings(spec) if backend is not None else {}
+    settings = backend.dask_settings(spec, context) if backend is not None else {}
     if not settings:
         return contextlib.nullcontext()
     import dask

@@ -9,6 +9,10 @@ import time
 from typing import Any, TextIO
 
 
+#: the least time between two updates of the progress artifact (the UI's progress bar) before the end
+ARTIFACT_EVERY_S = 5.0
+
+
 class Progress:
     """Counts finished shards; draws a bar on a terminal and updates a Prefect progress artifact."""
 
@@ -37,10 +41,11 @@ class Progress:
         self._draw()
 
     def _update_artifact(self) -> None:
-        """At most every 5% or 2 s, and at the end: each update is an API round trip (~40 ms)."""
+        """At most every :data:`ARTIFACT_EVERY_S` seconds, and at the end: each update is an API round
+        trip and server work (the artifact row, its event), whatever the number of shards."""
         pct = 100.0 * self.shards / self.total_shards
         now = time.perf_counter()
-        due = pct - self._artifact_pct >= 5 or now - self._artifact_time >= 2 or self.shards == self.total_shards
+        due = now - self._artifact_time >= ARTIFACT_EVERY_S or self.shards == self.total_shards
         if self._artifact_id is not None and due:
             from prefect.artifacts import update_progress_artifact
 

@@ -38,6 +38,7 @@ from .server_port import project_port, remember_port
 from .errors import Espnet3PrefectError
 from .state_home import (DEFAULT_STATE_DIR, STATE_DIR_HELP, default_state_dir, project_folder,  # noqa: F401
                          registry_dir, state_dir)
+from .server_services import service_environ
 from .util import read_json
 
 if TYPE_CHECKING:
@@ -77,10 +78,12 @@ def prefect_executable() -> str:
 
 
 def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: str = "127.0.0.1",
-                 auth_string: str | None = None, tls: "ServerTLS | None" = None) -> tuple[subprocess.Popen, str]:
+                 auth_string: str | None = None, tls: "ServerTLS | None" = None,
+                 services: str = "all") -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
     ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
-    ``tls`` (its files made) it serves HTTPS (:mod:`espnet3_prefect.api_serve`, the files by path)."""
+    ``tls`` (its files made) it serves HTTPS (:mod:`espnet3_prefect.api_serve`, the files by path).
+    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.server_services`)."""
     from .api_host import url_host
 
     port = port or free_port(host)
@@ -103,6 +106,7 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
         env.pop(inherited, None)
     if auth_string:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
+    env.update(service_environ(services, env))
     cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
     if tls is not None:
         cmd = [sys.executable, "-m", "espnet3_prefect.api_serve", "--host", host, "--port", str(port),
@@ -118,7 +122,8 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
             tail = (home / "server.log").read_text(errors="replace")[-1500:]
             raise Espnet3PrefectError(f"Prefect server exited with code {proc.returncode}; log {home/'server.log'}: {' '.join(tail.split()[-60:])}")
         if healthy(api_url, cafile=str(tls.ca_file) if tls else None):
-            _register(proc.pid, api_url, home, ui, auth=bool(auth_string), ca_file=str(tls.ca_file) if tls else None)
+            _register(proc.pid, api_url, home, ui, auth=bool(auth_string), ca_file=str(tls.ca_file) if tls else None,
+                      services=services)
             return proc, api_url
         time.sleep(0.5)
     stop_server(proc.pid)
@@ -161,7 +166,8 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
 
     The URL is exported in ``os.environ`` (Dask workers and batch jobs inherit it) and set in
     Prefect's settings for this process. A server started here is stopped on exit unless
-    ``keep`` is set or another run still uses it. ``host`` (default ``$ESPNET3_PREFECT_SERVER_HOST``,
+    ``keep`` is set or another run still uses it; one that is not kept runs only the services a run
+    uses (``services="run"`` of :func:`start_server`). ``host`` (default ``$ESPNET3_PREFECT_SERVER_HOST``,
     else 127.0.0.1): where a new server listens; off loopback it asks for basic auth (``auth``: force
     it on loopback too; ``False`` off loopback is refused), see :mod:`espnet3_prefect.api_auth`, and
     serves HTTPS (``tls``: force it on loopback too, ``False``: plain HTTP), see :mod:`espnet3_prefect.api_tls`.
@@ -192,7 +198,8 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
     try:
         info = running_server(home)
         if info is None:
-            info = start_recorded(home, ui=ui, host=address, auth=with_auth, tls=with_tls, given_host=chosen_host)
+            info = start_recorded(home, ui=ui, host=address, auth=with_auth, tls=with_tls, given_host=chosen_host,
+                                  services="all" if keep else "run")
         creds = server_client(home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth,
                               wanted_tls=with_tls)
     except BaseException:
@@ -210,10 +217,11 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
 
 
 def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool = False,
-                   port: int | None = None, tls: bool = False, given_host: str | None = None) -> dict:
+                   port: int | None = None, tls: bool = False, given_host: str | None = None,
+                   services: str = "all") -> dict:
     """Start a server for ``home`` (with a new credential when ``auth``, serving HTTPS with a new
-    certificate naming ``host`` and ``given_host`` when ``tls``), write its 0600 client file (when
-    ``auth`` or ``tls``) and record it in ``home/server.json``; return that record."""
+    certificate naming ``host`` and ``given_host`` when ``tls``, running ``services``), write its 0600
+    client file (when ``auth`` or ``tls``) and record it in ``home/server.json``; return that record."""
     from .api_auth import ClientCredentials, client_file, new_auth_string, write_client_file
     from .api_tls import ServerTLS
 
@@ -221,14 +229,14 @@ def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool 
     certs = ServerTLS.of(home).create(host, given_host) if tls else None
     try:
         proc, url = start_server(home, port=port or project_port(home, host), ui=ui, host=host,
-                                 auth_string=auth_string, tls=certs)
+                                 auth_string=auth_string, tls=certs, services=services)
     except BaseException:
         if certs is not None:
             certs.remove()
         raise
     remember_port(home, url)
     info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")], "host": host, "auth": auth,
-            "tls": tls, "ssl_cert_file": str(certs.ca_file) if certs else None}
+            "tls": tls, "ssl_cert_file": str(certs.ca_file) if certs else None, "services": services}
     if auth or tls:
         write_client_file(client_file(home), ClientCredentials(url, auth_string, ssl_cert_file=info["ssl_cert_file"]))
     atomic_write_text(home / "server.json", json.dumps(info))
@@ -268,9 +276,10 @@ def _flush_prefect() -> None:
 
 # -- the registry of the servers we started (read by servers.py) -------------------------------
 
-def _register(pid: int, api_url: str, home: Path, ui: bool, auth: bool = False, ca_file: str | None = None) -> None:
+def _register(pid: int, api_url: str, home: Path, ui: bool, auth: bool = False, ca_file: str | None = None,
+              services: str = "all") -> None:
     record = {"pid": pid, "api_url": api_url, "started": datetime.now().astimezone().isoformat(timespec="seconds"),
-              "state_dir": str(home), "ui": ui, "auth": auth, "ssl_cert_file": ca_file}
+              "state_dir": str(home), "ui": ui, "auth": auth, "ssl_cert_file": ca_file, "services": services}
     try:
         registry_dir().mkdir(parents=True, exist_ok=True)
         atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))

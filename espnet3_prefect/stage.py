@@ -37,8 +37,11 @@ from .worker_env import EnvBuilder
 
 @dataclass(frozen=True)
 class StageWork:
-    """What a shard task needs: small, picklable, no runner instance and no model."""
+    """What a shard task needs: small, picklable, no runner instance and no model. Frozen and made
+    of plain values, so it never holds a future: the task runner does not search it for one
+    (:data:`~espnet3_prefect.task_runner.NO_FUTURES`)."""
 
+    __e3p_no_futures__ = True
     test_set: str
     layout: StageLayout
     runner_cls: type

@@ -96,6 +96,22 @@ class Opaque:
         return Opaque, (self.value,)
 
 
+#: a class attribute set True on an argument's class whose instances never hold a future (frozen, plain
+#: values): ``submit`` leaves such arguments out of Prefect's search for upstream futures, which walks
+#: every field of every argument on every submit (~5-13 ms per shard task for a stage's work object)
+NO_FUTURES = "__e3p_no_futures__"
+
+
+def _searched(parameters: dict) -> dict:
+    """The arguments that may hold a future.
+
+    >>> class Plain: __e3p_no_futures__ = True
+    >>> sorted(_searched({"a": Plain(), "b": [1]}))
+    ['b']
+    """
+    return {k: v for k, v in parameters.items() if not getattr(type(v), NO_FUTURES, False)}
+
+
 # ----------------------------------------------------------------------------- worker side
 
 WORKER_CONTEXTS_KEPT = 4  # settings objects (and their API clients) a worker process keeps
@@ -215,9 +231,11 @@ class ShardTaskRunner(DaskTaskRunner):
         from prefect.context import serialize_context
         from prefect.utilities.engine import collect_task_run_inputs_sync
 
-        parameters = self._optimize_futures(parameters)
+        searched = _searched(parameters)
+        parameters = {**parameters, **self._optimize_futures(searched)}
         wait_for = self._optimize_futures(wait_for) if wait_for else None
-        inputs = {k: collect_task_run_inputs_sync(v, future_cls=Future) for k, v in parameters.items()}
+        inputs = {k: collect_task_run_inputs_sync(v, future_cls=Future) if k in searched else set()
+                  for k, v in parameters.items()}
         for name, extra in (dependencies or {}).items():
             inputs[name] = inputs.get(name, set()) | extra
         task_run_id = uuid.uuid4()

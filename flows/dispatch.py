@@ -21,6 +21,9 @@ from espnet3_prefect.tasks import preload
 
 #: what every worker imports while it starts (``open_task_runner(..., worker_preload=WORKER_PRELOAD)``)
 WORKER_PRELOAD = (preload.__name__,)
+#: what the fork server of ``env: local`` imports once for all local workers (``forkserver_preload=``)
+#: (named, not imported: importing it runs the warm-up, which belongs in the fork server only)
+FORKSERVER_PRELOAD = ("espnet3_prefect.tasks.forkserver_warm",)
 
 
 def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, what: str | None = None,

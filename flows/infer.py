@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger
 from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.config import load_config_input
 from espnet3_prefect.dataprep import ensure_prepared
-from espnet3_prefect.flows.dispatch import WORKER_PRELOAD, forget_env, run_shards, take_run_lock
+from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, WORKER_PRELOAD, forget_env, run_shards, take_run_lock
 from espnet3_prefect.errors import ConfigError, one_line
 from espnet3_prefect.merge import remove_merged
 from espnet3_prefect.plan import write_manifest
@@ -98,7 +98,8 @@ def _run_stages(spec, stages: list[Stage], logger) -> list[dict]:
     todo = [s for s in stages if finished[s.test_set] is None]
     if todo:
         with open_task_runner(spec, log_root=stages[0].layout.inference_dir, logger=logger,
-                              worker_preload=WORKER_PRELOAD) as runner:
+                              worker_preload=WORKER_PRELOAD,
+                              forkserver_preload=FORKSERVER_PRELOAD) as runner:
             finished.update({s.test_set: run_test_set(runner, s, sizing[s.test_set]) for s in todo})
     return [finished[s.test_set] for s in stages]
 

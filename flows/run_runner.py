@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
-from espnet3_prefect.flows.dispatch import WORKER_PRELOAD, forget_env, run_shards, take_run_lock
+from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, WORKER_PRELOAD, forget_env, run_shards, take_run_lock
 from espnet3_prefect.plan import write_manifest
 from espnet3_prefect.report import format_summary, summary_rows
 from espnet3_prefect.resume import remove_stale, shards_to_redo
@@ -56,7 +56,8 @@ def run_runner(job: Any) -> Any:
             logger.info("%s: %d items in %d shards; parallel: env=%s n_workers=%d", job.name, job.n_items,
                         len(shards), spec.env, spec.n_workers)
             with open_task_runner(spec, log_root=layout.inference_dir, logger=logger,
-                              worker_preload=WORKER_PRELOAD) as runner:
+                              worker_preload=WORKER_PRELOAD,
+                              forkserver_preload=FORKSERVER_PRELOAD) as runner:
                 built = runner.submit(build_runner_env, {"work": stage.work, "builder": job.builder()}).result()
                 workers = built["workers"]
                 outcome = run_shards(runner, stage, shards, redo, what=what, kind=KIND)

@@ -11,6 +11,10 @@ After the imports the import-time objects are frozen out of the garbage collecto
 (:func:`gc.freeze`): later collections, and the collection at interpreter exit (which made a worker
 process that had imported Prefect take 1-4 s to exit after the flow closed the cluster, long enough
 for the nanny to kill it), skip them. The collector stays on for everything the tasks create.
+
+On ``env: local`` the flows also name :mod:`espnet3_prefect.tasks.forkserver_warm` as the fork
+server's preload (:mod:`espnet3_prefect.backends.forkserver`): :func:`warm_up` runs once in that
+server, and every worker forked from it starts with the modules imported and frozen.
 """
 
 from __future__ import annotations
@@ -49,8 +53,12 @@ def warm_up() -> list[str]:
 
 
 def dask_setup(worker) -> None:
-    """Dask's preload hook: :func:`warm_up` in the worker process, before it runs any task; then
-    :func:`quiet_after_ctrl_c`."""
+    """Dask's preload hook: in a worker forked from the fork server, take the driver's environment
+    (:func:`~espnet3_prefect.backends.forkserver.adopt_environ`); then :func:`warm_up` in the worker
+    process (nothing left to import after a fork), before it runs any task; then :func:`quiet_after_ctrl_c`."""
+    from espnet3_prefect.backends.forkserver import adopt_environ
+
+    adopt_environ()
     setattr(worker, WARMED, warm_up())
     quiet_after_ctrl_c()
 

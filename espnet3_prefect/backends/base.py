@@ -53,7 +53,9 @@ class ClusterContext:
     created by the caller) when ``parallel.tls`` is on; without them the arguments name the folder
     a run would use (``cluster-script``). ``worker_preload`` names modules every worker imports as
     a Dask preload while it starts (the flows' task modules; backends whose workers take
-    ``preload`` use it, the others ignore it).
+    ``preload`` use it, the others ignore it). ``forkserver_preload``: modules a fork server
+    imports once for all of this machine's workers (``env: local``, :mod:`.forkserver`); empty:
+    each worker starts as a fresh interpreter (Dask's ``spawn``).
     """
 
     job_name: str = PREVIEW_JOB_NAME
@@ -62,6 +64,7 @@ class ClusterContext:
     submit_errors: list | None = None
     certificates: "RunCertificates | None" = None
     worker_preload: tuple[str, ...] = ()
+    forkserver_preload: tuple[str, ...] = ()
 
 
 def exported_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -144,7 +147,7 @@ class Backend:
         """Whether this run's scheduler and workers talk TLS (``spec.tls``, else this env's default)."""
         return self.tls_default if spec.tls is None else bool(spec.tls)
 
-    def dask_settings(self, spec: "ParallelSpec") -> dict:
+    def dask_settings(self, spec: "ParallelSpec", context: ClusterContext | None = None) -> dict:
         """Dask configuration held in this process while the run's cluster lives (workers started
         later by adaptive scaling get it too); none by default."""
         return {}

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
+from . import forkserver
 from .allocator import allocator_settings
 from .base import LOOPBACK_DASHBOARD, Backend, ClusterContext, keyword_names
 
@@ -27,15 +28,26 @@ class LocalBackend(Backend):
 
         return keyword_names(LocalCluster, Nanny, Worker)
 
-    def dask_settings(self, spec) -> dict:
-        """Worker processes keep glibc's own allocator thresholds (:mod:`.allocator`)."""
-        return allocator_settings()
+    def dask_settings(self, spec, context: ClusterContext | None = None) -> dict:
+        """Worker processes keep glibc's own allocator thresholds (:mod:`.allocator`); with the
+        context's ``forkserver_preload`` they are forked from one server that imported it
+        (:mod:`.forkserver`, started here, under the allocator setting)."""
+        settings = allocator_settings()
+        if context is not None and context.forkserver_preload and self.preloads_workers:
+            import dask
+
+            with dask.config.set(settings):
+                forkserver.start(context.forkserver_preload)
+            settings = {**settings, **forkserver.settings()}
+        return settings
 
     def cluster_kwargs(self, spec, context: ClusterContext) -> dict[str, Any]:
         tls = {"security": True} if self.uses_tls(spec) else {}
         kwargs = {**self.defaults, **spec.options, **tls, "n_workers": spec.n_workers}
         if context.worker_preload and self.preloads_workers:
             kwargs["preload"] = worker_preload(context.worker_preload, spec.options.get("preload"))
+        if context.forkserver_preload and self.preloads_workers:  # a fork starts with the server's environment
+            kwargs["env"] = forkserver.worker_environ(spec.options.get("env"))
         return kwargs
 
 

@@ -127,6 +127,9 @@ def deploy_local(args: argparse.Namespace) -> int:
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     info = running_server(home)
+    if info is not None and info.get("services", "all") != "all":
+        raise Espnet3PrefectError(f"the Prefect server of {home} (pid {info['pid']}) was started by a run without "
+                                  f"the deployment scheduler; deploy-local once that run has ended")
     if info is None:
         info = start_recorded(home, ui=True, host=address, auth=with_auth, port=_choose_port(args.port, address),
                               tls=with_tls, given_host=args.host)

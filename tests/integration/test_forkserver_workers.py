@@ -1,0 +1,108 @@
+"""``env: local`` workers of a flow are forked from one fork server that imported Prefect, prefect-dask
+and our tasks once; they stay separate processes, see the driver's environment of now, and a user's
+own preload still runs in each of them, after ours."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import pytest
+
+from espnet3_prefect.backends import forkserver
+from espnet3_prefect.cluster import open_task_runner
+from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, WORKER_PRELOAD
+from espnet3_prefect.parallel import ParallelSpec
+from espnet3_prefect.tasks import preload
+
+USER_PRELOAD = '''
+import sys
+def dask_setup(worker):
+    worker.user_preload_saw = {"ours_done": hasattr(worker, "espnet3_prefect_warmed"),
+                               "prefect_loaded": "prefect.task_engine" in sys.modules}
+'''
+
+
+def _runner(tmp_path, n_workers: int, **options):
+    spec = ParallelSpec.from_config({"env": "local", "n_workers": n_workers,
+                                     "options": {"dashboard_address": None, **options}})
+    return open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test"),
+                            worker_preload=WORKER_PRELOAD, forkserver_preload=FORKSERVER_PRELOAD)
+
+
+def _state(dask_worker) -> dict:
+    import prefect.settings
+
+    return {"pid": os.getpid(), "ppid": os.getppid(), "warmed": getattr(dask_worker, preload.WARMED, None),
+            "loaded": [name for name in preload.MODULES if name in sys.modules],
+            "user": getattr(dask_worker, "user_preload_saw", None),
+            "env": {k: os.environ.get(k) for k in ("E3P_T_NEW", "E3P_T_GONE", "E3P_T_USER")},
+            "api_url": prefect.settings.get_current_settings().api.url}
+
+
+def _set_global(value: str) -> None:
+    preload.TEST_MARK = value  # a module global in this worker process only
+
+
+def _get_global() -> str | None:
+    return getattr(preload, "TEST_MARK", None)
+
+
+@pytest.mark.slow
+def test_local_workers_are_forked_from_one_warm_server_and_stay_isolated(tmp_path):
+    with _runner(tmp_path, 2) as runner:
+        client = runner.client
+        states = client.run(_state)
+        assert len(states) == 2
+        pids = {s["pid"] for s in states.values()}
+        parents = {s["ppid"] for s in states.values()}
+        assert len(pids) == 2 and os.getpid() not in pids  # two processes of their own
+        assert len(parents) == 1 and parents != {os.getpid()}  # both forked by the one fork server
+        for state in states.values():
+            assert state["loaded"] == list(preload.MODULES)  # imported before any task ...
+            assert state["warmed"] == []  # ... by the fork server, not by the worker
+        first, second = sorted(states)
+        client.run(_set_global, "first", workers=[first])
+        assert client.run(_get_global) == {first: "first", second: None}  # no memory shared
+        client.submit(os._exit, 1, workers=[first], pure=False)  # one worker dies; the other goes on
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = client.run(_state)
+            if len(now) == 2 and first not in now:
+                break
+            time.sleep(0.2)
+        assert len(now) == 2 and now[second]["pid"] == states[second]["pid"]
+        [restarted] = [s for address, s in now.items() if address != second]
+        assert restarted["pid"] not in pids and restarted["ppid"] in parents and restarted["warmed"] == []
+        assert preload.__name__ and _get_global() is None  # the driver never saw the worker's global
+
+
+@pytest.mark.slow
+def test_a_users_preload_runs_after_ours(tmp_path, monkeypatch):
+    (tmp_path / "e3p_user_preload.py").write_text(USER_PRELOAD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with _runner(tmp_path, 2, preload="e3p_user_preload") as runner:
+        states = runner.client.run(_state)
+    assert [s["user"] for s in states.values()] == [{"ours_done": True, "prefect_loaded": True}] * 2
+
+
+@pytest.mark.slow
+def test_forked_workers_get_the_drivers_environment_of_now(tmp_path, monkeypatch):
+    monkeypatch.setenv("E3P_T_GONE", "old")
+    with _runner(tmp_path, 1):  # the fork server runs from here on (if no earlier test started it)
+        pass
+    monkeypatch.delenv("E3P_T_GONE")
+    monkeypatch.setenv("E3P_T_NEW", "new")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    with _runner(tmp_path, 1, env={"E3P_T_USER": "mine"}) as runner:
+        [state] = runner.client.run(_state).values()
+    assert state["env"] == {"E3P_T_NEW": "new", "E3P_T_GONE": None, "E3P_T_USER": "mine"}
+    assert state["api_url"] == "http://127.0.0.1:9/api"  # Prefect, imported in the fork server, re-read it
+
+
+def test_worker_environ_names_every_variable_it_hands_over():
+    env = forkserver.worker_environ({"X": 1}, environ={"A": "a"})
+    assert env[forkserver.KEYS_VAR].split(",") == sorted(env)
+    assert env["X"] == "1"
