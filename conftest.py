@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent
 INSTALLED_AS = {"flows": "espnet3_prefect.flows", "tasks": "espnet3_prefect.tasks"}
 # The Dask worker preload acts on import (reads $ESPNET3_PREFECT_CLIENT_FILE, exits without it), and so
 # does the fork server's (imports and freezes everything it loaded): no doctests.
-collect_ignore = ["espnet3_prefect/worker_api.py", "tasks/forkserver_warm.py"]
+collect_ignore = ["espnet3_prefect/execution/worker_api.py", "tasks/forkserver_warm.py"]
 
 
 def pytest_collect_file(file_path: Path, parent):

@@ -27,7 +27,7 @@ def measure(setting: str) -> None:
     import dask
     from distributed import Client, LocalCluster
 
-    from espnet3_prefect.backends.allocator import allocator_settings
+    from espnet3_prefect.execution.backends.allocator import allocator_settings
 
     settings = allocator_settings() if setting == "ours" else {}
     with dask.config.set(settings), LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",

@@ -144,7 +144,7 @@ def output_fn(data, model_output, idx):
 
 def config(inference_dir: str, n: int, n_workers: int, *, hop_ms: float = 2.5, channels: int = 256,
            layers: int = 3, prefetch: int | None = None, batch_size: int | None = None) -> dict:
-    runner = {"_target_": "espnet3_prefect.inference_runner.InferenceRunner"}
+    runner = {"_target_": "espnet3_prefect.espnet3.inference_runner.InferenceRunner"}
     if prefetch is not None:
         runner["prefetch"] = prefetch
     return {
@@ -153,7 +153,7 @@ def config(inference_dir: str, n: int, n_workers: int, *, hop_ms: float = 2.5, c
                     "test": [{"name": "fsdd", "n": n, "hop_ms": hop_ms, "root": str(FSDD)}]},
         "model": {"_target_": "benchmarks.audio.DigitNet", "channels": channels, "layers": layers},
         "input_key": "feats", "output_fn": "benchmarks.audio.output_fn", "batch_size": batch_size,
-        "provider": {"_target_": "espnet3_prefect.provider.InferenceProvider"},
+        "provider": {"_target_": "espnet3_prefect.espnet3.provider.InferenceProvider"},
         "runner": runner,
         "parallel": {"env": "local", "n_workers": n_workers},
     }

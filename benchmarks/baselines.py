@@ -18,9 +18,9 @@ from pathlib import Path
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from espnet3_prefect.merge import concat_files
-from espnet3_prefect.plan import plan_shards
-from espnet3_prefect.stage import Stage
+from espnet3_prefect.pipeline.merge import concat_files
+from espnet3_prefect.pipeline.plan import plan_shards
+from espnet3_prefect.pipeline.stage import Stage
 
 _ENV: dict = {}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from espnet3_prefect.backends.allocator import allocator_settings
+from espnet3_prefect.execution.backends.allocator import allocator_settings
 
 from . import audio, baselines, synthetic
 
@@ -20,7 +20,7 @@ def prefetch(s: Suite) -> None:
     ``dataset[i]`` (page cache dropped before each run), a torch model of comparable cost; 1 worker
     (this machine has 2 cores: the reading thread and the model each get one). ESPnet3's plain-Dask
     design reads inside forward, serially; ours reads the next batches in a background thread."""
-    from espnet3_prefect.plan import default_num_shards
+    from espnet3_prefect.pipeline.plan import default_num_shards
 
     n = 600 if s.quick else 2400
     load, compute = audio.calibrate(n=100 if s.quick else 300, **PF_MODEL)
@@ -57,7 +57,7 @@ def prefetch(s: Suite) -> None:
     s.record("prefetch", "shard wall (prefetch on) / max(load, compute)", on["wall_s"] / ideal, "<= 1.15",
              f"{on['wall_s']:.2f} s vs {ideal:.2f} s; in shards: load {on['load_s']:.1f} s, waited "
              f"{on['wait_s']:.1f} s, forward {on['forward_s']:.1f} s, write {on['write_s']:.1f} s")
-    from espnet3_prefect.report import summary_rows
+    from espnet3_prefect.pipeline.report import summary_rows
 
     [row] = summary_rows([summaries["on"]])
     s.record("report", "what the summary says for the prefetch run: utilisation", row["utilisation"] or 0.0,

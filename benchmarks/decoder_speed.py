@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from espnet3_prefect.demo.decoder import DTMFDecoder, collate
-from espnet3_prefect.demo.dtmf import KEYS, synthesize
+from dtmf_demo.decoder import DTMFDecoder, collate
+from dtmf_demo.dtmf import KEYS, synthesize
 
 
 def ms_per_item(batch: int = 32, reps: int = 10, seed: int = 7) -> tuple[float, float]:

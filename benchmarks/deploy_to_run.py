@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--prepared-data", action="store_true", help="generate the demo audio before deploying")
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
-    from espnet3_prefect.server import free_port
+    from espnet3_prefect.server.embedded import free_port
 
     cli = [sys.executable, "-m", "espnet3_prefect.cli"]
     prefect = str(Path(sys.executable).with_name("prefect"))
@@ -42,7 +42,7 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env["ESPNET3_PREFECT_HOME"] = str(home)
         if args.prepared_data:
-            subprocess.run([sys.executable, "-m", "espnet3_prefect.demo.recipe", "--data-root", "exp/dtmf/data"],
+            subprocess.run([sys.executable, "-m", "dtmf_demo.recipe", "--data-root", "exp/dtmf/data"],
                            cwd=project, check=True, capture_output=True)
         started = time.monotonic()
         try:

@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     args.queue = args.queue or os.environ.get("E3P_SLURM_PARTITION" if args.env == "slurm" else "E3P_SGE_QUEUE") \
         or ("debug" if args.env == "slurm" else "all.q")
-    from espnet3_prefect.server import prefect_api
+    from espnet3_prefect.server.embedded import prefect_api
 
     with tempfile.TemporaryDirectory() as tmp, prefect_api(Path(tmp) / "home", ui=False):
         runs = [_one(Path(tmp), i, args) for i in range(args.repeat)]

@@ -66,7 +66,7 @@ class ServerMeter:
         self.cpu0, self.runs0 = tree_cpu_s(self.pid), task_run_count()
 
     def stop(self, settle_s: float = 3.0) -> tuple[float, int]:
-        from espnet3_prefect.server import _flush_prefect
+        from espnet3_prefect.server.embedded import _flush_prefect
 
         _flush_prefect()
         time.sleep(settle_s)  # the server books the last events a moment after they arrive
@@ -74,9 +74,9 @@ class ServerMeter:
 
 
 def worker_start(n_workers: int, fork: bool) -> dict:
-    from espnet3_prefect.cluster import open_task_runner
+    from espnet3_prefect.execution.cluster import open_task_runner
     from espnet3_prefect.flows.dispatch import WORKER_PRELOAD
-    from espnet3_prefect.parallel import ParallelSpec
+    from espnet3_prefect.execution.spec import ParallelSpec
 
     extra = {}
     if fork:

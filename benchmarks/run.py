@@ -77,8 +77,8 @@ class Suite:
 
     @staticmethod
     def stage_of(path: Path):
-        from espnet3_prefect.config import load_config
-        from espnet3_prefect.stage import prepare_stages
+        from espnet3_prefect.config.load import load_config
+        from espnet3_prefect.pipeline.stage import prepare_stages
 
         return prepare_stages(load_config([path]))[1][0]
 
@@ -88,7 +88,7 @@ COST_MS = 3.0  # the overhead benchmark: 10k items x 3 ms of CPU, 2 workers
 
 def overhead_and_resume(s: Suite) -> None:
     """1 + 4: infer vs plain Dask vs a sequential loop (3 ms forward, 2 workers); then resume."""
-    from espnet3_prefect.plan import default_num_shards
+    from espnet3_prefect.pipeline.plan import default_num_shards
 
     shards = default_num_shards(s.n, 2)
     seq = baselines.sequential(s.stage("seq", s.n, COST_MS, 1, None), s.n, s.work / "seq_out")
@@ -129,7 +129,7 @@ def resume_after_kill(s: Suite) -> tuple[float, int, float]:
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    from espnet3_prefect.plan import default_num_shards
+    from espnet3_prefect.pipeline.plan import default_num_shards
     half = default_num_shards(s.n, 2) // 2
     while len(list(out.glob("split.*/done"))) < half and proc.poll() is None:
         time.sleep(0.05)
@@ -188,7 +188,7 @@ def real_recipe(s: Suite) -> None:
 
 def shard_count(s: Suite) -> None:
     """3: the default plan vs 1 and 10 shards per worker (2 workers, 3 ms forward)."""
-    from espnet3_prefect.plan import default_num_shards
+    from espnet3_prefect.pipeline.plan import default_num_shards
 
     default = default_num_shards(s.n, 2)
     walls = {}
@@ -219,7 +219,7 @@ def _peak_rss(s: Suite, n: int) -> tuple[float, float]:
 
 def merge_vs_cat(s: Suite) -> None:
     """6: merge of shard files / ``cat`` of the same files."""
-    from espnet3_prefect.merge import concat_files
+    from espnet3_prefect.pipeline.merge import concat_files
 
     parts = []
     line = "utt%08d " + "x" * 90 + "\n"
@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None,
                         choices=["overhead", "scaling", "workers", "mini_an4", "shards", "prefetch", "balance", "memory", "merge"])
     args = parser.parse_args()
-    from espnet3_prefect.server import prefect_api
+    from espnet3_prefect.server.embedded import prefect_api
 
     steps = {"overhead": overhead_and_resume, "scaling": scaling, "workers": worker_start, "mini_an4": real_recipe,
              "shards": shard_count,

@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     import os
 
-    from espnet3_prefect.server import prefect_api
+    from espnet3_prefect.server.embedded import prefect_api
 
     with tempfile.TemporaryDirectory() as tmp, prefect_api(Path(tmp) / "home", ui=False):
         if args.api_in_settings_only:

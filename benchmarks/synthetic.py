@@ -51,8 +51,8 @@ def config(inference_dir: str, n: int, cost_ms: float, n_workers: int, num_shard
         "dataset": {"_target_": "benchmarks.synthetic.SpinOrganizer", "test": [{"name": "bench", "n": n}]},
         "model": {"_target_": "benchmarks.synthetic.SpinModel", "cost_ms": cost_ms},
         "input_key": "x", "output_fn": "benchmarks.synthetic.spin_output_fn",
-        "provider": {"_target_": "espnet3_prefect.provider.InferenceProvider"},
-        "runner": {"_target_": "espnet3_prefect.inference_runner.InferenceRunner"},
+        "provider": {"_target_": "espnet3_prefect.espnet3.provider.InferenceProvider"},
+        "runner": {"_target_": "espnet3_prefect.espnet3.inference_runner.InferenceRunner"},
         "parallel": parallel,
     }
 
@@ -116,7 +116,7 @@ def uneven_config(inference_dir: str, n: int, unit_ms: float, n_workers: int, le
                     "test": [{"name": "bench", "n": n, "unit_ms": unit_ms, "lengths": lengths}]},
         "model": {"_target_": "benchmarks.synthetic.CostModel"},
         "input_key": ["x", "cost_ms"], "output_fn": "benchmarks.synthetic.spin_output_fn",
-        "provider": {"_target_": "espnet3_prefect.provider.InferenceProvider"},
-        "runner": {"_target_": "espnet3_prefect.inference_runner.InferenceRunner"},
+        "provider": {"_target_": "espnet3_prefect.espnet3.provider.InferenceProvider"},
+        "runner": {"_target_": "espnet3_prefect.espnet3.inference_runner.InferenceRunner"},
         "parallel": {"env": "local", "n_workers": n_workers},
     }

@@ -59,8 +59,8 @@ def main() -> None:
     import distributed
     from prefect_dask import DaskTaskRunner
 
-    from espnet3_prefect.server import prefect_api
-    from espnet3_prefect.task_runner import ShardTaskRunner
+    from espnet3_prefect.server.embedded import prefect_api
+    from espnet3_prefect.execution.task_runner import ShardTaskRunner
 
     runners = {"DaskTaskRunner": DaskTaskRunner, "ShardTaskRunner": ShardTaskRunner,
                **{spec: _load(spec) for spec in args.runner}}

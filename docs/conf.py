@@ -81,7 +81,7 @@ def _public_api() -> str:
 
 # Modules that act when imported (the command's __main__; the worker preload, which reads the client
 # file or exits): their docstring is read from the source instead of importing them.
-RUN_ON_IMPORT = {"espnet3_prefect.cli.__main__", "espnet3_prefect.worker_api"}
+RUN_ON_IMPORT = {"espnet3_prefect.cli.__main__", "espnet3_prefect.execution.worker_api"}
 
 
 def _module_rst(name: str) -> str:

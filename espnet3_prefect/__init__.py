@@ -14,16 +14,16 @@ The flows live in ``espnet3_prefect.flows`` (``flows/`` in the repository), the 
 ``espnet3_prefect.tasks``; the command line is ``espnet3-prefect`` (:mod:`espnet3_prefect.cli`).
 """
 
-from .checkpoint_events import checkpoint_saved
-from .config import load_config
-from .entry import infer, measure, run
-from .errors import BadInputError, ConfigError, Espnet3PrefectError, ItemError, MissingExtraError
-from .inference_runner import InferenceRunner
-from .launch import launch
-from .provider import EnvironmentProvider, InferenceProvider, resolve_device
-from .runner import BaseRunner
-from .parallel_config import get_parallel_config, set_parallel
-from .server import prefect_api
+from espnet3_prefect.checkpoints.events import checkpoint_saved
+from espnet3_prefect.config.load import load_config
+from espnet3_prefect.entry import infer, measure, run
+from espnet3_prefect.errors import BadInputError, ConfigError, Espnet3PrefectError, ItemError, MissingExtraError
+from espnet3_prefect.espnet3.inference_runner import InferenceRunner
+from espnet3_prefect.launch import launch
+from espnet3_prefect.espnet3.provider import EnvironmentProvider, InferenceProvider, resolve_device
+from espnet3_prefect.espnet3.runner import BaseRunner
+from espnet3_prefect.execution.process_parallel import get_parallel_config, set_parallel
+from espnet3_prefect.server.embedded import prefect_api
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 

@@ -9,7 +9,7 @@ A recipe's ``run.py`` switches its infer and measure stages to Prefect by changi
 
 and any provider/runner workload runs as the flow ``run-runner``: :func:`run`, or ``runner(indices)``
 on our :class:`~espnet3_prefect.BaseRunner` (this module is the handler it calls; see
-:func:`espnet3_prefect.runner.set_call_handler`).
+:func:`espnet3_prefect.espnet3.runner.set_call_handler`).
 
 Without ``PREFECT_API_URL`` each call starts the embedded Prefect server (127.0.0.1) around itself;
 inside a running flow it is a subflow of that flow, on that flow's API. Like the command line, this
@@ -27,16 +27,16 @@ from typing import Any, Callable, Iterable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import load_config_input
-from .main_guard import check_main_guard
-from .parallel import preflight
-from .precheck import check_inputs_before_start
-from .parallel_config import DEFAULT_PARALLEL, active_parallel_config
-from .prefetch import DEFAULT_PREFETCH
-from .runner import set_call_handler
-from .runner_control import DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S
-from .stage import prepare_stages
-from .workload import RunnerJob, importable_from_workers, prepare_job
+from espnet3_prefect.config.load import load_config_input
+from espnet3_prefect.main_guard import check_main_guard
+from espnet3_prefect.execution.spec import preflight
+from espnet3_prefect.config.precheck import check_inputs_before_start
+from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL, active_parallel_config
+from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
+from espnet3_prefect.espnet3.runner import set_call_handler
+from espnet3_prefect.config.runner_keys import DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S
+from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.pipeline.runner_job import RunnerJob, importable_from_workers, prepare_job
 
 
 def infer(config: DictConfig) -> None:
@@ -55,7 +55,7 @@ def infer(config: DictConfig) -> None:
     importable_from_workers()
 
     def start():
-        from .flows.infer import infer as infer_flow
+        from espnet3_prefect.flows.infer import infer as infer_flow
 
         return infer_flow(config=plain)
 
@@ -66,10 +66,10 @@ def measure(metrics_config: DictConfig, inference_config: DictConfig | None = No
     """Score every test set and write ``<inference_dir>/metrics.json``, as
     ``espnet3.systems.base.metric.measure`` does; returns ``{metric class path: {test set: result}}``.
     When nothing it was computed from has changed since the last run (config, metric code, every input
-    file, metrics.json itself: :mod:`espnet3_prefect.metrics_record`), it returns those results at
+    file, metrics.json itself: :mod:`espnet3_prefect.metrics.record`), it returns those results at
     once: no server, no flow run (one INFO line on the ``espnet3_prefect`` logger)."""
-    from .metrics_record import settled_results
-    from .metrics_stage import load_any, load_inference_config, prepare_metrics
+    from espnet3_prefect.metrics.record import settled_results
+    from espnet3_prefect.metrics.stage import load_any, load_inference_config, prepare_metrics
 
     plain = _plain(metrics_config)
     plain_inference = None if inference_config is None else _plain(inference_config)
@@ -82,7 +82,7 @@ def measure(metrics_config: DictConfig, inference_config: DictConfig | None = No
     importable_from_workers()
 
     def start():
-        from .flows.metrics import metrics as metrics_flow
+        from espnet3_prefect.flows.metrics import metrics as metrics_flow
 
         return metrics_flow(config=plain, inference_config=plain_inference)
 
@@ -120,7 +120,7 @@ def call_runner(runner: Any, indices: Iterable[int]) -> Any:
     config = active_parallel_config()
     _main_guard("runner(indices)", None if config is None else (config.get("env") or "local"))
     if config is None:
-        from .local import run_runner
+        from espnet3_prefect.pipeline.in_process import run_runner
 
         return run_runner(runner, indices)
     return run(runner, indices, parallel=config)
@@ -130,7 +130,7 @@ set_call_handler(call_runner)
 
 
 def _runner_flow(job: RunnerJob):
-    from .flows.run_runner import run_runner
+    from espnet3_prefect.flows.run_runner import run_runner
 
     return run_runner.with_options(flow_run_name=job.name)
 
@@ -141,7 +141,7 @@ def _on_api(start: Callable[[], Any]) -> Any:
     if _in_flow():
         with _api_for_workers():
             return start()
-    from .server import prefect_api
+    from espnet3_prefect.server.embedded import prefect_api
 
     with prefect_api():  # before the flow module imports prefect, so every thread sees this API
         return start()
@@ -150,7 +150,7 @@ def _on_api(start: Callable[[], Any]) -> Any:
 def _settled(stages) -> bool:
     """Whether every test set is already done and verified for this config and code (as the command
     line checks it): then nothing starts, no server, no cluster, no flow run (one log line says so)."""
-    from .resume import all_complete
+    from espnet3_prefect.pipeline.resume import all_complete
 
     if all_complete(stages) is None:
         return False

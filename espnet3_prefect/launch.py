@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ConfigError
-from .parallel_config import DEFAULT_PARALLEL
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL
 
 logger = logging.getLogger("espnet3_prefect")
 
@@ -101,7 +101,7 @@ def default_system(recipe_dir: Path) -> str:
 def _infer(self, *args, **kwargs):
     """Run inference on the configured test sets as the Prefect flow ``infer``."""
     _no_stage_args("infer", args, kwargs)
-    from .entry import infer
+    from espnet3_prefect.entry import infer
 
     return infer(self.inference_config)
 
@@ -109,7 +109,7 @@ def _infer(self, *args, **kwargs):
 def _measure(self, *args, **kwargs):
     """Score the inference outputs as the Prefect flow ``metrics``; returns what ESPnet3's measure returns."""
     _no_stage_args("measure", args, kwargs)
-    from .entry import measure
+    from espnet3_prefect.entry import measure
 
     result = measure(self.metrics_config, inference_config=self.inference_config)
     logger.info("results: %s", result)
@@ -135,7 +135,7 @@ def espnet3_runners_on_prefect(parallel: Any) -> Iterator[None]:
     run of the flow ``run-runner`` on ``parallel`` (:func:`espnet3_prefect.run`), not ESPnet3's Dask client."""
     from espnet3.parallel.base_runner import BaseRunner
 
-    from .entry import run
+    from espnet3_prefect.entry import run
 
     def call(runner, indices):
         flat, batch_size = _unbatched(list(indices), getattr(runner, "batch_size", None), type(runner).__name__)

@@ -14,7 +14,7 @@ import ast
 import sys
 from pathlib import Path
 
-from .errors import ConfigError
+from espnet3_prefect.errors import ConfigError
 
 MESSAGE = ("{what} was called at the top level of {script}; put the script's top-level code under "
            "`if __name__ == \"__main__\":` (local Dask workers re-import the main script, as with any "

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from espnet3_prefect.errors import Espnet3PrefectError, describe, is_retryable
-from espnet3_prefect.lock import RunLock, acquire
-from espnet3_prefect.plan import Shard
-from espnet3_prefect.report import Progress, add_timing, empty_timing
-from espnet3_prefect.run_states import mark_flow_run_crashed, mark_task_run_crashed
+from espnet3_prefect.pipeline.lock import RunLock, acquire
+from espnet3_prefect.pipeline.plan import Shard
+from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
+from espnet3_prefect.execution.run_states import mark_flow_run_crashed, mark_task_run_crashed
 from espnet3_prefect.tasks import preload
 
 #: what every worker imports while it starts (``open_task_runner(..., worker_preload=WORKER_PRELOAD)``)
@@ -34,7 +34,7 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
 
     ``what`` names the stage in errors (default ``test set '<name>'``); ``kind`` heads the progress
     artifact's description. Returns ``{"run", "cached", "failed", "jobs", "timing"}``; ``timing``
-    sums the shards run (:func:`espnet3_prefect.report.add_timing`) and adds ``busy_s`` (their
+    sums the shards run (:func:`espnet3_prefect.pipeline.report.add_timing`) and adds ``busy_s`` (their
     seconds) and ``wall_s`` (first submission to last result).
     """
     import time

@@ -20,23 +20,23 @@ from prefect import flow, get_run_logger
 
 from omegaconf import OmegaConf
 
-from espnet3_prefect.checkpoint import checkpoint_info, describe as describe_checkpoint, resolve_key
-from espnet3_prefect.checkpoint_trend import (CHECKPOINT_PLOT_FILE, already_scored, checkpoint_markdown,
+from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, describe as describe_checkpoint, resolve_key
+from espnet3_prefect.checkpoints.trend import (CHECKPOINT_PLOT_FILE, already_scored, checkpoint_markdown,
                                               checkpoint_points, write_checkpoint_plot)
-from espnet3_prefect.config import fingerprint, identity_config, load_config
+from espnet3_prefect.config.load import fingerprint, identity_config, load_config
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.history import (HISTORY_FILE, PLOT_FILE, append_history, describe_model, model_identity,
+from espnet3_prefect.metrics.history import (HISTORY_FILE, PLOT_FILE, append_history, describe_model, model_identity,
                                      now_utc, read_history, trend_markdown, write_plot)
-from espnet3_prefect.metrics_stage import prepare_metrics
-from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
-from espnet3_prefect.parallel import preflight
-from espnet3_prefect.precheck import check_inputs_before_start
-from espnet3_prefect.stage import prepare_stages
-from espnet3_prefect.util import as_list
+from espnet3_prefect.metrics.stage import prepare_metrics
+from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
+from espnet3_prefect.execution.spec import preflight
+from espnet3_prefect.config.precheck import check_inputs_before_start
+from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect._internal.util import as_list
 
 from espnet3_prefect.flows.infer import infer
 from espnet3_prefect.flows.metrics import headline, metrics
-from espnet3_prefect.run_states import fails_with_its_message
+from espnet3_prefect.execution.run_states import fails_with_its_message
 
 MODEL_ID_KEY = "evaluate_model_id"
 
@@ -47,7 +47,7 @@ def plan_evaluation(infer_config, metrics_config, infer_overrides=None, metrics_
 
     The metrics config may omit ``inference_dir`` and ``dataset.test``: they come from the
     inference config. A different ``inference_dir`` is an error. With ``checkpoint``, its path
-    fills ``checkpoint_key`` of the inference config (:func:`~espnet3_prefect.checkpoint.resolve_key`)
+    fills ``checkpoint_key`` of the inference config (:func:`~espnet3_prefect.checkpoints.checkpoint.resolve_key`)
     and the config fingerprint is taken without it (the same config across checkpoints).
     """
     infer_overrides = list(as_list(infer_overrides))

@@ -14,22 +14,22 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
-from espnet3_prefect.config import load_config_input
-from espnet3_prefect.dataprep import ensure_prepared
+from espnet3_prefect.execution.cluster import cancel_jobs_hook, open_task_runner
+from espnet3_prefect.config.load import load_config_input
+from espnet3_prefect.pipeline.dataprep import ensure_prepared
 from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, WORKER_PRELOAD, forget_env, run_shards, take_run_lock
 from espnet3_prefect.errors import ConfigError, one_line
-from espnet3_prefect.merge import remove_merged
-from espnet3_prefect.plan import write_manifest
-from espnet3_prefect.report import CONSOLE_OFF, format_summary, publish_summary
-from espnet3_prefect.resume import already_complete, plan_for, remove_stale, shards_to_redo
-from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
-from espnet3_prefect.parallel import preflight
-from espnet3_prefect.sizing import Sizing, size_on_driver
-from espnet3_prefect.stage import Stage, prepare_stages
+from espnet3_prefect.pipeline.merge import remove_merged
+from espnet3_prefect.pipeline.plan import write_manifest
+from espnet3_prefect.pipeline.report import CONSOLE_OFF, format_summary, publish_summary
+from espnet3_prefect.pipeline.resume import already_complete, plan_for, remove_stale, shards_to_redo
+from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
+from espnet3_prefect.execution.spec import preflight
+from espnet3_prefect.pipeline.sizing import Sizing, size_on_driver
+from espnet3_prefect.pipeline.stage import Stage, prepare_stages
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge import merge_shards
-from espnet3_prefect.run_states import fails_with_its_message
+from espnet3_prefect.execution.run_states import fails_with_its_message
 
 
 def _importable_by_batch_jobs() -> None:

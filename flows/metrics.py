@@ -3,7 +3,7 @@
 config -> validate (every metric instantiated, every binding and SCP input checked) ->
 dataset-column (each ``dataset:<column>`` of each test set written once) -> score (one task per
 metric and test set, streamed) -> metrics.json (ESPnet3 202611's bytes, atomic) + its record (a re-run with nothing changed
-starts no flow: espnet3_prefect.metrics_record) -> table artifact.
+starts no flow: espnet3_prefect.metrics.record) -> table artifact.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from omegaconf import DictConfig, OmegaConf
 from prefect import flow, get_run_logger
 
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
-from espnet3_prefect.metrics_record import write_results
-from espnet3_prefect.metrics_stage import MetricSpec, MetricsPlan, load_any, load_inference_config, prepare_metrics
-from espnet3_prefect.rundir import enter_workdir, preload_on_main_thread
+from espnet3_prefect.metrics.record import write_results
+from espnet3_prefect.metrics.stage import MetricSpec, MetricsPlan, load_any, load_inference_config, prepare_metrics
+from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.tasks.score import dataset_column, score
-from espnet3_prefect.util import as_list, is_number
-from espnet3_prefect.run_states import fails_with_its_message
+from espnet3_prefect._internal.util import as_list, is_number
+from espnet3_prefect.execution.run_states import fails_with_its_message
 
 
 @flow(name="metrics", log_prints=True, validate_parameters=True)

@@ -1,7 +1,7 @@
 """Flow ``run-runner``: any ESPnet3 runner over an index list, as ESPnet3's ``runner(indices)`` does it,
 with its shard tasks on the ``DaskTaskRunner`` built from the ``parallel`` block.
 
-plan (done on the driver by :func:`espnet3_prefect.workload.prepare_job`) -> manifest -> which shards
+plan (done on the driver by :func:`espnet3_prefect.pipeline.runner_job.prepare_job`) -> manifest -> which shards
 are done -> build env per worker -> run shard (task ``run-shard-<Runner>-N``, marks itself done) ->
 merge (task ``merge-<Runner>``, the runner's own ``merge``) -> report. When every shard is already
 done and verified, no cluster starts: the flow only merges, as upstream skips Dask with no pending
@@ -16,15 +16,15 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from espnet3_prefect.cluster import cancel_jobs_hook, open_task_runner
+from espnet3_prefect.execution.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, WORKER_PRELOAD, forget_env, run_shards, take_run_lock
-from espnet3_prefect.plan import write_manifest
-from espnet3_prefect.report import format_summary, summary_rows
-from espnet3_prefect.resume import remove_stale, shards_to_redo
+from espnet3_prefect.pipeline.plan import write_manifest
+from espnet3_prefect.pipeline.report import format_summary, summary_rows
+from espnet3_prefect.pipeline.resume import remove_stale, shards_to_redo
 from espnet3_prefect.tasks.runner_steps import build_runner_env, merge_runner
-from espnet3_prefect.run_states import fails_with_its_message
+from espnet3_prefect.execution.run_states import fails_with_its_message
 
-from .infer import check_writable
+from espnet3_prefect.flows.infer import check_writable
 
 KIND = "run-runner"
 
@@ -32,7 +32,7 @@ KIND = "run-runner"
 @flow(name=KIND, log_prints=True, on_cancellation=[cancel_jobs_hook], on_crashed=[cancel_jobs_hook])
 @fails_with_its_message
 def run_runner(job: Any) -> Any:
-    """Run a prepared :class:`espnet3_prefect.workload.RunnerJob`; return what the runner's ``merge`` returns.
+    """Run a prepared :class:`espnet3_prefect.pipeline.runner_job.RunnerJob`; return what the runner's ``merge`` returns.
 
     Not a deployment entry point (its parameter is a live runner): call
     ``espnet3_prefect.run(runner, indices, parallel=...)`` or ``runner(indices)``.

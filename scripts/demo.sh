@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m espnet3_prefect.demo.recipe --data-root exp/dtmf/data >/dev/null
+.venv/bin/python -m dtmf_demo.recipe --data-root exp/dtmf/data >/dev/null
 exec .venv/bin/espnet3-prefect infer --config recipes/dtmf/conf/inference.yaml "$@"

@@ -40,7 +40,7 @@ echo "+ pip install -e .[test] + what upstream infer()/measure() import" >&2
 #   soundfile (espnet3.utils.writer_utils), jiwer (esp2_asr metrics; also in our test extra).
 # (humanfriendly is imported only by espnet2's training and frontend modules, not on this path;
 # dask-jobqueue, which espnet3.parallel.parallel needs to see Dask at all, is in our test extra.)
-"$py" -m pip install -q --disable-pip-version-check -c "$constraints" -e ".[test]" \
+"$py" -m pip install -q --disable-pip-version-check -c "$constraints" -e ".[test]" -e recipes/dtmf \
   typeguard tqdm soundfile jiwer 2>&1 | grep -v "is ignored: it is neither" >&2 || true
 
 wheel_dir="$VENV/wheels"

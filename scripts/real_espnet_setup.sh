@@ -33,7 +33,7 @@ version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/de
   || fail "no usable interpreter ($PYTHON)"
 case "$version" in 3.12|3.13) ;; *) fail "ESPnet 202611 needs Python 3.12 or 3.13, found $version at $PYTHON";; esac
 
-key=$(cat pyproject.toml scripts/real_espnet_setup.sh <(echo "$PYTHON $version $ESPNET_SPEC") | sha256sum | cut -d' ' -f1)
+key=$(cat pyproject.toml recipes/dtmf/pyproject.toml scripts/real_espnet_setup.sh <(echo "$PYTHON $version $ESPNET_SPEC") | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$key" ] && [ -x "$VENV/bin/python" ]; then
   echo "real_espnet_setup: $VENV up to date ($(elapsed))" >&2
   exit 0
@@ -71,12 +71,12 @@ done
 
 # The project with the extras its unit tests import (not [test]: it pins another torch). CI runs the
 # unit tests here too, where the real espnet3 is importable (.ci/run, layer real-espnet).
-step project "${pip[@]}" install -c "$constraints" -e ".[slurm,ssh,kube,metrics,audio]" pytest
+step project "${pip[@]}" install -c "$constraints" -e ".[slurm,ssh,kube,metrics,audio]" -e recipes/dtmf pytest
 "${pip[@]}" freeze >"$LOGS/freeze-final.txt" || fail "pip freeze failed"
 moved=$(grep -iE "$pattern" "$LOGS/freeze-final.txt" | diff "$constraints" - | grep '^[<>]' | tr '\n' ' ')
 [ -z "$moved" ] || fail "installing the project changed pinned packages: $moved"
 step pip-check "${pip[@]}" check
-step import "$py" -c "import torch, torchaudio, espnet3, espnet3_prefect, soundfile, jiwer, pytest
+step import "$py" -c "import torch, torchaudio, espnet3, espnet3_prefect, dtmf_demo, soundfile, jiwer, pytest
 import egs3.mini_an4.esp2_asr, egs3.TEMPLATE.esp2_asr
 print('torch', torch.__version__, 'torchaudio', torchaudio.__version__)"
 

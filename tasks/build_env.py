@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 
 from espnet3_prefect.errors import BadInputError, ConfigError, is_retryable
-from espnet3_prefect.sizing import check_input_keys, dataset_id
-from espnet3_prefect.worker_env import EnvPlugin, get_env
+from espnet3_prefect.pipeline.sizing import check_input_keys, dataset_id
+from espnet3_prefect.pipeline.env import EnvPlugin, get_env
 
 
 def retry_if_it_can_help(task, task_run, state) -> bool:

@@ -13,9 +13,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from espnet3_prefect.errors import Espnet3PrefectError
-from espnet3_prefect.layout import DONE_NAME, FAILURES_NAME
-from espnet3_prefect.marker import read_marker
-from espnet3_prefect.merge import concat_files, snapshot, write_merged_record, written_since
+from espnet3_prefect.pipeline.layout import DONE_NAME, FAILURES_NAME
+from espnet3_prefect.pipeline.marker import read_marker
+from espnet3_prefect.pipeline.merge import concat_files, snapshot, write_merged_record, written_since
 
 
 @task(name="merge", task_run_name="merge-{stage.test_set}", cache_policy=NO_CACHE, retries=0)

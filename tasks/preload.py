@@ -1,6 +1,6 @@
 """Dask worker preload: a worker imports what our tasks need while it starts, not in its first task.
 
-Named in ``preload`` of the local cluster (:func:`espnet3_prefect.cluster.open_task_runner`), so
+Named in ``preload`` of the local cluster (:func:`espnet3_prefect.execution.cluster.open_task_runner`), so
 Dask imports this module in every worker process and calls :func:`dask_setup` before the worker
 takes work. Without it, each worker paid ~1.4-2 s of CPU importing Prefect, prefect-dask and our
 task modules when it unpickled its first task: on the first worker inside ``build-env``, on every
@@ -13,7 +13,7 @@ process that had imported Prefect take 1-4 s to exit after the flow closed the c
 for the nanny to kill it), skip them. The collector stays on for everything the tasks create.
 
 On ``env: local`` the flows also name :mod:`espnet3_prefect.tasks.forkserver_warm` as the fork
-server's preload (:mod:`espnet3_prefect.backends.forkserver`): :func:`warm_up` runs once in that
+server's preload (:mod:`espnet3_prefect.execution.backends.forkserver`): :func:`warm_up` runs once in that
 server, and every worker forked from it starts with the modules imported and frozen.
 """
 
@@ -25,7 +25,7 @@ import sys
 
 #: imported by :func:`warm_up`: the worker side of the task runner, the Prefect task engine (imported
 #: lazily by the first task run) and every task module a worker runs
-MODULES = ("espnet3_prefect.task_runner", "prefect.task_engine", "espnet3_prefect.tasks.build_env",
+MODULES = ("espnet3_prefect.execution.task_runner", "prefect.task_engine", "espnet3_prefect.tasks.build_env",
            "espnet3_prefect.tasks.run_shard", "espnet3_prefect.tasks.runner_steps")
 
 #: set on the worker by :func:`dask_setup` (tests read it through ``client.run``)
@@ -36,7 +36,7 @@ def warm_up() -> list[str]:
     """Import :data:`MODULES` (with the collector paused, it only slows importing down) and freeze what
     exists now out of later collections. On the main thread, so ``dask_jobqueue`` (imported by
     espnet3's classes) may install its signal handler. Returns the modules imported by this call."""
-    from espnet3_prefect.rundir import preload_on_main_thread
+    from espnet3_prefect.execution.rundir import preload_on_main_thread
 
     missing = [name for name in MODULES if name not in sys.modules]
     enabled = gc.isenabled()
@@ -54,9 +54,9 @@ def warm_up() -> list[str]:
 
 def dask_setup(worker) -> None:
     """Dask's preload hook: in a worker forked from the fork server, take the driver's environment
-    (:func:`~espnet3_prefect.backends.forkserver.adopt_environ`); then :func:`warm_up` in the worker
+    (:func:`~espnet3_prefect.execution.backends.forkserver.adopt_environ`); then :func:`warm_up` in the worker
     process (nothing left to import after a fork), before it runs any task; then :func:`quiet_after_ctrl_c`."""
-    from espnet3_prefect.backends.forkserver import adopt_environ
+    from espnet3_prefect.execution.backends.forkserver import adopt_environ
 
     adopt_environ()
     setattr(worker, WARMED, warm_up())

@@ -5,12 +5,12 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.marker import check_marker, read_marker
-from espnet3_prefect.plan import Shard
-from espnet3_prefect.shard import run_shard as run_shard_hooks
-from espnet3_prefect.worker_env import get_env
+from espnet3_prefect.pipeline.marker import check_marker, read_marker
+from espnet3_prefect.pipeline.plan import Shard
+from espnet3_prefect.pipeline.shard import run_shard as run_shard_hooks
+from espnet3_prefect.pipeline.env import get_env
 
-from .build_env import retry_if_it_can_help
+from espnet3_prefect.tasks.build_env import retry_if_it_can_help
 
 
 def shard_cache_key(context, parameters) -> str:

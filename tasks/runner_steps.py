@@ -11,8 +11,8 @@ import time
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from .build_env import register_env, retry_if_it_can_help
-from .merge import ready_to_merge
+from espnet3_prefect.tasks.build_env import register_env, retry_if_it_can_help
+from espnet3_prefect.tasks.merge import ready_to_merge
 
 
 @task(name="build-env", task_run_name="build-env-{work.test_set}", retries=1, retry_delay_seconds=2,

@@ -10,10 +10,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from espnet3_prefect.dataset_columns import dataset_column_scp
+from espnet3_prefect.metrics.dataset_columns import dataset_column_scp
 from espnet3_prefect.errors import BadInputError
-from espnet3_prefect.metric_contract import check_metric_output
-from espnet3_prefect.scp import ScpField, count_aligned
+from espnet3_prefect.metrics.contract import check_metric_output
+from espnet3_prefect._internal.scp import ScpField, count_aligned
 
 
 @task(name="dataset-column", task_run_name="dataset-{test_set}-{column}", cache_policy=NO_CACHE, retries=0)
@@ -34,7 +34,7 @@ def score(spec, test_set: str, inference_dir: Path, metric: Any = None) -> dict:
     ``metric`` is this task's own instance (a copy of ``spec.metric`` when test sets run in
     parallel; metrics keep state while scoring). A metric with ESPnet3's contract gets
     ``{name: Path}`` and its result is checked against its declared outputs; any other callable
-    gets :class:`~espnet3_prefect.scp.ScpField` values. Returns the result (JSON-serializable).
+    gets :class:`~espnet3_prefect._internal.scp.ScpField` values. Returns the result (JSON-serializable).
     """
     logger = get_run_logger()
     started = time.perf_counter()

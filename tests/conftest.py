@@ -27,7 +27,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in os.environ.g
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A real Prefect API server for the session; its URL is exported to workers."""
-    from espnet3_prefect.server import _flush_prefect, start_server, stop_server
+    from espnet3_prefect.server.embedded import _flush_prefect, start_server, stop_server
 
     home = tmp_path_factory.mktemp("prefect-server")
     proc, url = start_server(home, ui=False)

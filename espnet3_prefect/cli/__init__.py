@@ -19,10 +19,10 @@ import signal
 import sys
 from typing import Sequence
 
-from ..errors import Espnet3PrefectError, one_line
-from ..util import put_on_pythonpath
-from . import cluster_script, deploy, detach, recipe, servers, stages, ui, watch
-from .common import split_args
+from espnet3_prefect.errors import Espnet3PrefectError, one_line
+from espnet3_prefect._internal.util import put_on_pythonpath
+from espnet3_prefect.cli import cluster_script, deploy, detach, recipe, servers, stages, ui, watch
+from espnet3_prefect.cli.common import split_args
 
 __all__ = ["build_parser", "main", "split_args"]
 

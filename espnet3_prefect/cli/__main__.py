@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from espnet3_prefect.cli import main
 
 sys.exit(main())

@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import add_config, configs_of
+from espnet3_prefect.cli.common import add_config, configs_of
 
 
 def register(sub) -> None:
@@ -33,11 +33,11 @@ def cluster_preview(cfg) -> tuple[str, str]:
     """``(kind, text)`` for a loaded config: ``("job script", ...)`` or ``("yaml", ...)``."""
     from omegaconf import OmegaConf
 
-    from .. import backends
-    from ..backends.base import ClusterContext
-    from ..backends.jobs import JOB_PREFIX, default_log_directory
-    from ..backends.preview import dump_yaml
-    from ..parallel import ParallelSpec
+    from espnet3_prefect.execution import backends
+    from espnet3_prefect.execution.backends.base import ClusterContext
+    from espnet3_prefect.execution.backends.jobs import JOB_PREFIX, default_log_directory
+    from espnet3_prefect.execution.backends.preview import dump_yaml
+    from espnet3_prefect.execution.spec import ParallelSpec
 
     block = cfg.get("parallel")
     spec = ParallelSpec.from_config(OmegaConf.to_container(block, resolve=True) if block else None)
@@ -51,7 +51,7 @@ def cluster_preview(cfg) -> tuple[str, str]:
 
 
 def run_cluster_script(args: argparse.Namespace) -> int:
-    from ..config import load_config
+    from espnet3_prefect.config.load import load_config
 
     configs, overrides = configs_of(args)
     kind, text = cluster_preview(load_config(configs, overrides))

@@ -10,7 +10,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
-from ..server import STATE_DIR_HELP
+from espnet3_prefect.server.embedded import STATE_DIR_HELP
 
 CONFIG_HELP = "config files merged left to right, then key=value overrides"
 
@@ -75,7 +75,7 @@ def add_tls_switch(parser: argparse.ArgumentParser, flag: str) -> None:
 def describe_api(api_url: str) -> str:
     """``Prefect API: URL`` and, with HTTPS, the certificate it is verified with, with auth, where the
     credential is (never the credential)."""
-    from ..util import CLIENT_FILE_VAR
+    from espnet3_prefect._internal.util import CLIENT_FILE_VAR
 
     notes = []
     if api_url.startswith("https://") and os.environ.get("PREFECT_API_SSL_CERT_FILE"):
@@ -115,7 +115,7 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
     starts the server and points at the flow runs that wrote its outputs (``writers``: their ids,
     the finishing one last); without ``writers``, or none recorded, it runs the flow."""
     if getattr(args, "verbose", False):
-        from ..report import VERBOSE_ENV
+        from espnet3_prefect.pipeline.report import VERBOSE_ENV
 
         os.environ[VERBOSE_ENV] = "1"  # workers started from here inherit it
     validate()
@@ -127,7 +127,7 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
         return 0
     if result is not None and writers is not None and writers():
         return _show_writers(args, writers(), lambda: show(result))
-    from ..server import prefect_api
+    from espnet3_prefect.server.embedded import prefect_api
 
     api_url = None
     try:
@@ -144,8 +144,8 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
 
 def _show_writers(args: argparse.Namespace, ids: list[str], show: Callable[[], None]) -> int:
     """``--keep-server`` on a finished stage: the server, left running, and the runs that wrote it."""
-    from ..run_links import describe_runs
-    from ..server import prefect_api
+    from espnet3_prefect.server.run_links import describe_runs
+    from espnet3_prefect.server.embedded import prefect_api
 
     with prefect_api(args.state_dir, keep=True, host=args.server_host, auth=args.server_auth) as api_url:
         print(describe_api(api_url), file=sys.stderr)
@@ -164,7 +164,7 @@ def console_skips_summary() -> Iterator[None]:
     keeps its copy."""
     import prefect.main  # noqa: F401 - sets up Prefect's logging (its console handler) if nothing has yet
 
-    from ..report import drop_from_console
+    from espnet3_prefect.pipeline.report import drop_from_console
 
     handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
                 if type(h).__name__ == "PrefectConsoleHandler"]
@@ -179,7 +179,7 @@ def console_skips_summary() -> Iterator[None]:
 
 def print_kept_server(api_url: str) -> None:
     """Where the server left running is and how to stop it (nothing for a ``$PREFECT_API_URL`` of the user's)."""
-    from ..servers import find_servers, kept_server_message
+    from espnet3_prefect.server.registry import find_servers, kept_server_message
 
     for server in find_servers(api_url):
         print(kept_server_message(server), file=sys.stderr)

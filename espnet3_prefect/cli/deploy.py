@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from .._proc import pid_alive, stop_tree
-from ..errors import Espnet3PrefectError
-from ..util import read_json
-from .common import SwitchCommand, add_auth_switch, add_server_options, add_tls_switch
+from espnet3_prefect._internal.proc import pid_alive, stop_tree
+from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect._internal.util import read_json
+from espnet3_prefect.cli.common import SwitchCommand, add_auth_switch, add_server_options, add_tls_switch
 
 DEFAULT_POOL = "espnet3-local"
 DEFAULT_UI_PORT = 4200
@@ -52,8 +52,8 @@ def register(sub) -> None:
 
 
 def _project(project_dir: str | None) -> Path:
-    from ..deploy_steps import project_root
-    from ..errors import ConfigError
+    from espnet3_prefect.server.deploy_steps import project_root
+    from espnet3_prefect.errors import ConfigError
 
     if project_dir is None and (Path.cwd() / "prefect.yaml").is_file():
         project_dir = os.getcwd()
@@ -66,8 +66,8 @@ def _project(project_dir: str | None) -> Path:
 def _client_env(creds, home: Path, project: Path) -> dict:
     """The environment of the prefect commands and the process worker (the credential in the
     environment, never on a command line)."""
-    from ..api_auth import exported_client_env
-    from ..util import CLIENT_FILE_VAR
+    from espnet3_prefect.server.auth import exported_client_env
+    from espnet3_prefect._internal.util import CLIENT_FILE_VAR
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != CLIENT_FILE_VAR}
     env.update(exported_client_env(creds, home), ESPNET3_PREFECT_ROOT=str(project),
@@ -76,7 +76,7 @@ def _client_env(creds, home: Path, project: Path) -> dict:
 
 
 def _choose_port(port: int | None, host: str = "127.0.0.1") -> int:
-    from ..server import free_port
+    from espnet3_prefect.server.embedded import free_port
 
     if port:
         return port
@@ -105,11 +105,11 @@ def _wait_for_worker(creds, pool: str, proc: subprocess.Popen, log: Path) -> flo
 
 def deploy_local(args: argparse.Namespace) -> int:
     """Server (reused when running) + work pool + ``prefect deploy --all`` + a process worker."""
-    from .._proc import run_command
-    from ..api_auth import server_client
-    from ..api_host import auth_required, resolve_host, tls_required
-    from ..atomic import atomic_write_text
-    from ..server import prefect_executable, running_server, start_recorded, state_dir
+    from espnet3_prefect._internal.proc import run_command
+    from espnet3_prefect.server.auth import server_client
+    from espnet3_prefect.server.host import auth_required, resolve_host, tls_required
+    from espnet3_prefect._internal.atomic import atomic_write_text
+    from espnet3_prefect.server.embedded import prefect_executable, running_server, start_recorded, state_dir
 
     home = state_dir(args.state_dir)
     project = _project(args.project_dir)
@@ -178,7 +178,7 @@ def deploy_local(args: argparse.Namespace) -> int:
 
 
 def _print_ready(state: dict, headline: str) -> None:
-    from ..server import state_dir
+    from espnet3_prefect.server.embedded import state_dir
 
     print(f"espnet3-prefect local deployments {headline}")
     print(f"  UI:      {state['ui_url']}")
@@ -200,12 +200,12 @@ def _print_ready(state: dict, headline: str) -> None:
 
 def stop_local(args: argparse.Namespace) -> int:
     """Stop the worker (and its flow runs) and the server recorded by ``deploy-local``."""
-    from ..server import forget_server, state_dir
+    from espnet3_prefect.server.embedded import forget_server, state_dir
 
     home = state_dir(args.state_dir)
     state = read_json(home / STATE_FILE)
     if state is None:
-        from ..servers import format_servers, list_servers
+        from espnet3_prefect.server.registry import format_servers, list_servers
 
         print(f"deploy-local started nothing in {home} (no {STATE_FILE}); the servers espnet3-prefect left running:")
         print(format_servers(list_servers()))

@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import Espnet3PrefectError
-from .common import SwitchCommand
+from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.cli.common import SwitchCommand
 
 
 def register(infer: argparse.ArgumentParser) -> None:
@@ -28,13 +28,13 @@ def _deployment_name(name: str) -> str:
 
 
 def run_detach(args: argparse.Namespace) -> int:
-    from ..config import load_config_input
-    from ..stage import prepare_stages
-    from .stages import infer_input
+    from espnet3_prefect.config.load import load_config_input
+    from espnet3_prefect.pipeline.stage import prepare_stages
+    from espnet3_prefect.cli.stages import infer_input
 
     config, overrides = infer_input(args)  # in an ESPnet3 recipe: the launcher's config, resolved
     prepare_stages(load_config_input(config, overrides))  # fail here, not in the worker
-    from ..servers import find_api
+    from espnet3_prefect.server.registry import find_api
 
     creds = find_api(args.state_dir)
     api_url = creds.api_url
@@ -56,7 +56,7 @@ def run_detach(args: argparse.Namespace) -> int:
 
 
 def submit(creds, name: str, parameters: dict):
-    """Create a flow run of deployment ``name`` on the API ``creds`` (:class:`~espnet3_prefect.api_auth.ClientCredentials`)
+    """Create a flow run of deployment ``name`` on the API ``creds`` (:class:`~espnet3_prefect.server.auth.ClientCredentials`)
     reach; return it and whether its pool has a worker online."""
     from prefect.exceptions import ObjectNotFound
 

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from espnet3_prefect.errors import ConfigError
 
 SYSTEM_HELP = ("the ESPnet3 system class, module.Class (default: the system named like this folder, e.g. "
                "esp2_asr -> espnet3.systems.esp2_asr.system.ASRSystem)")
@@ -40,7 +40,7 @@ def add_recipe_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run_recipe(args: argparse.Namespace) -> int:
-    from ..launch import default_system, launch, system_from_path
+    from espnet3_prefect.launch import default_system, launch, system_from_path
 
     system = system_from_path(args.system or default_system(Path(os.getcwd())))
     launch(system, argv=args.passed_through)
@@ -50,9 +50,9 @@ def run_recipe(args: argparse.Namespace) -> int:
 def stage_input(args: argparse.Namespace, role: str, configs: list[str], overrides: list[str],
                 inference: tuple[list[str], list[str]] = ([], [])) -> dict[str, Any] | None:
     """In an ESPnet3 recipe folder (espnet3 installed, TEMPLATE defaults for its system): ``{role: config,
-    ["inference": config]}`` as the recipe's launcher loads them (:mod:`espnet3_prefect.recipe_config`),
+    ["inference": config]}`` as the recipe's launcher loads them (:mod:`espnet3_prefect.config.recipe`),
     each a resolved mapping for the flow; elsewhere None (files and overrides go to the flow as given)."""
-    from ..recipe_config import load_recipe_configs, template_package
+    from espnet3_prefect.config.recipe import load_recipe_configs, template_package
 
     package = template_package(configs[0], args.system) if configs else None
     if package is None:

@@ -20,7 +20,7 @@ def register(sub) -> None:
 
 
 def run_servers(args: argparse.Namespace) -> int:
-    from ..servers import find_servers, format_servers, list_servers, stop_servers
+    from espnet3_prefect.server.registry import find_servers, format_servers, list_servers, stop_servers
 
     if args.stop is None:
         print(format_servers(list_servers()))

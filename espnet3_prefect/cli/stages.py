@@ -11,9 +11,9 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import (add_config, add_server_options, add_verbose, configs_of, console_skips_summary, run_stage,
+from espnet3_prefect.cli.common import (add_config, add_server_options, add_verbose, configs_of, console_skips_summary, run_stage,
                      split_args)
-from .recipe import add_recipe_options, stage_input
+from espnet3_prefect.cli.recipe import add_recipe_options, stage_input
 
 
 def register(sub) -> argparse.ArgumentParser:
@@ -67,11 +67,11 @@ def run_infer(args: argparse.Namespace) -> int:
     done = []
 
     def validate():
-        from ..config import load_config_input
-        from ..parallel import preflight
-        from ..precheck import check_inputs_before_start
-        from ..resume import all_complete
-        from ..stage import prepare_stages
+        from espnet3_prefect.config.load import load_config_input
+        from espnet3_prefect.execution.spec import preflight
+        from espnet3_prefect.config.precheck import check_inputs_before_start
+        from espnet3_prefect.pipeline.resume import all_complete
+        from espnet3_prefect.pipeline.stage import prepare_stages
 
         cfg = load_config_input(config, overrides)
         spec, stages = prepare_stages(cfg)
@@ -85,18 +85,18 @@ def run_infer(args: argparse.Namespace) -> int:
         return done[0]
 
     def run():
-        from ..flows.infer import infer
+        from espnet3_prefect.flows.infer import infer
 
         with console_skips_summary():
             return infer(config=config, overrides=overrides)
 
     def show(summaries):
-        from ..report import format_summary
+        from espnet3_prefect.pipeline.report import format_summary
 
         print(format_summary(summaries))
 
     def writers():
-        from ..run_links import writer_runs
+        from espnet3_prefect.server.run_links import writer_runs
 
         return writer_runs(stage.out_dir for stage in prepared)
 
@@ -113,18 +113,18 @@ def run_metrics(args: argparse.Namespace) -> int:
     prepared = []
 
     def validate():
-        from ..metrics_stage import load_any, load_inference_config, prepare_metrics
+        from espnet3_prefect.metrics.stage import load_any, load_inference_config, prepare_metrics
 
         prepared.append(prepare_metrics(load_any(configs, overrides),
                                         inference_config=load_inference_config(i_configs, i_overrides)))
 
     def settled():
-        from ..metrics_record import settled_results
+        from espnet3_prefect.metrics.record import settled_results
 
         return settled_results(prepared[0])
 
     def run():
-        from ..flows.metrics import metrics
+        from espnet3_prefect.flows.metrics import metrics
 
         return metrics(config=configs, overrides=overrides, inference_config=i_configs or None,
                        inference_overrides=i_overrides)
@@ -142,12 +142,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
     m_configs, m_overrides = split_args(args.metrics_config)
 
     def validate():
-        from ..flows.evaluate import plan_evaluation
+        from espnet3_prefect.flows.evaluate import plan_evaluation
 
         plan_evaluation(i_configs, m_configs, i_overrides, m_overrides, args.checkpoint, args.checkpoint_key)
 
     def run():
-        from ..flows.evaluate import evaluate
+        from espnet3_prefect.flows.evaluate import evaluate
 
         return evaluate(infer_config=i_configs, metrics_config=m_configs, infer_overrides=i_overrides,
                         metrics_overrides=m_overrides, checkpoint=args.checkpoint, checkpoint_key=args.checkpoint_key)

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..server import STATE_DIR_HELP
+from espnet3_prefect.server.embedded import STATE_DIR_HELP
 
 
 def register(sub) -> None:
@@ -34,8 +34,8 @@ def register(sub) -> None:
 def choose_state_dir(target: str | None, state_dir: str | None) -> Path:
     """``--state-dir``; else ``target`` when it is a state dir; else ``$ESPNET3_PREFECT_HOME``; else the
     state dir of ``target``'s project (default: the current folder's), as the runs chose it."""
-    from ..server import default_state_dir
-    from ..server import state_dir as make_state_dir
+    from espnet3_prefect.server.embedded import default_state_dir
+    from espnet3_prefect.server.embedded import state_dir as make_state_dir
 
     if state_dir:
         return make_state_dir(state_dir)
@@ -47,10 +47,10 @@ def choose_state_dir(target: str | None, state_dir: str | None) -> Path:
 
 
 def run_ui(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..run_links import describe_runs, writer_runs
-    from ..server import prefect_api
-    from .common import describe_api, print_kept_server
+    from espnet3_prefect.errors import ConfigError
+    from espnet3_prefect.server.run_links import describe_runs, writer_runs
+    from espnet3_prefect.server.embedded import prefect_api
+    from espnet3_prefect.cli.common import describe_api, print_kept_server
 
     if args.target and not Path(args.target).is_dir():
         raise ConfigError(f"ui: {args.target} is not a folder (a stage's output folder, a project or a state dir)")

@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ..checkpoint_watch import DEFAULT_PATTERNS, MODES
+from espnet3_prefect.checkpoints.watch import DEFAULT_PATTERNS, MODES
 
 
 def register(sub) -> None:
@@ -37,9 +37,9 @@ def register(sub) -> None:
 
 
 def watch_checkpoints(args: argparse.Namespace) -> int:
-    from ..checkpoint_events import EmittedState, prefect_settings, state_path
-    from ..checkpoint_watch import Watcher
-    from ..servers import find_api
+    from espnet3_prefect.checkpoints.events import EmittedState, prefect_settings, state_path
+    from espnet3_prefect.checkpoints.watch import Watcher
+    from espnet3_prefect.server.registry import find_api
 
     exp_dir = Path(args.exp_dir).expanduser()
     creds = find_api(args.state_dir)

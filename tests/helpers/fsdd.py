@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from espnet3_prefect.demo.dtmf import read_wav
+from dtmf_demo.dtmf import read_wav
 
 
 class FsddDataset:

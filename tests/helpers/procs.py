@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from espnet3_prefect._proc import pid_alive  # noqa: F401  (re-exported for the tests)
+from espnet3_prefect._internal.proc import pid_alive  # noqa: F401  (re-exported for the tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
@@ -53,7 +53,7 @@ def deploy_local(base: Path, prepare=None):
     ``(proc, state, env)``: the finished command, its state record (None when it wrote none) and the
     environment it ran with (PREFECT_* removed). ``prepare(project, env)`` runs first. On exit:
     ``deploy-local --stop``, then its worker and server must be gone (by pid) and its state file too."""
-    from espnet3_prefect.server import free_port
+    from espnet3_prefect.server.embedded import free_port
 
     project = copy_project(base)
     home = base / "home"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from espnet3_prefect.scp import ScpField
+from espnet3_prefect._internal.scp import ScpField
 
 SENTENCES = ["the cat sat", "on the mat today", "a b c d e f", "hello", "one two three four five"]
 

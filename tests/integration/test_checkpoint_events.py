@@ -33,7 +33,7 @@ def demo_checkpoint(epoch: int, dead_tones: list[int], legacy: bool = False) -> 
     """A Lightning-style checkpoint of the demo decoder whose filter bank lacks ``dead_tones``."""
     import torch
 
-    from espnet3_prefect.demo.decoder import DTMFDecoder
+    from dtmf_demo.decoder import DTMFDecoder
 
     state = DTMFDecoder().state_dict()
     for tone in dead_tones:  # rows 0..6 cos, 7..13 sin of 697 ... 1477 Hz
@@ -49,7 +49,7 @@ def demo_checkpoint(epoch: int, dead_tones: list[int], legacy: bool = False) -> 
 def deployed(tmp_path_factory):
     """deploy-local on a copy of the project (demo data made up front); stopped after."""
     def make_demo_data(project, env):
-        subprocess.run([*CLI[:1], "-m", "espnet3_prefect.demo.recipe", "--data-root", str(project / "exp/dtmf/data")],
+        subprocess.run([*CLI[:1], "-m", "dtmf_demo.recipe", "--data-root", str(project / "exp/dtmf/data")],
                        check=True, env=env, capture_output=True, timeout=300)
 
     base = tmp_path_factory.mktemp("ckpt")

@@ -12,10 +12,10 @@ import time
 import pytest
 from distributed.comm.core import CommClosedError
 
-from espnet3_prefect.backends import forkserver
-from espnet3_prefect.cluster import open_task_runner
+from espnet3_prefect.execution.backends import forkserver
+from espnet3_prefect.execution.cluster import open_task_runner
 from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, WORKER_PRELOAD
-from espnet3_prefect.parallel import ParallelSpec
+from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.tasks import preload
 
 USER_PRELOAD = '''

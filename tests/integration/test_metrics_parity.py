@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect.layout import METRICS_RECORD_NAME
+from espnet3_prefect.pipeline.layout import METRICS_RECORD_NAME
 
 from tests.conftest import ROOT, write_yaml
 from tests.helpers.metrics_recipes import build_inference_dir, write_dataset_hyps, write_scp
@@ -39,7 +39,7 @@ PROBE = "import espnet3.systems.base.metric, espnet3.systems.esp2_asr.metrics.we
 
 @pytest.fixture(scope="module")
 def parity_python() -> str:
-    from espnet3_prefect.targets import _espnet3_installed
+    from espnet3_prefect.config.targets import _espnet3_installed
 
     if _espnet3_installed():
         pytest.skip("espnet3 is importable here: run these tests from the project's own .venv")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from espnet3_prefect.demo.recipe import prepare
+from dtmf_demo.recipe import prepare
 from tests.conftest import ROOT, write_yaml
 
 pytestmark = pytest.mark.slow

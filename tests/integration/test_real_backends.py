@@ -83,7 +83,7 @@ def batch_parallel(backend: dict, n_workers: int = 2, num_shards: int | None = N
 
 def queue_jobs(env: str) -> list[tuple[str, str]]:
     """(job id, job name) of every job the scheduler lists."""
-    from espnet3_prefect import backends
+    from espnet3_prefect.execution import backends
 
     return [(j.job_id, j.name) for j in backends.get(env).queue.jobs()]
 
@@ -108,7 +108,7 @@ def run_flow(tmp_path, cfg: dict, overrides=(), name="inference.yaml"):
 
 
 def run_tag(flow_run_id: str) -> str:
-    from espnet3_prefect.backends.jobs import run_tag as tag
+    from espnet3_prefect.execution.backends.jobs import run_tag as tag
 
     return tag(flow_run_id)
 
@@ -121,7 +121,7 @@ def dtmf_outputs(inference_dir: Path) -> dict:
 @pytest.fixture(scope="module")
 def dtmf_local(tmp_path_factory, prefect_server):
     """The DTMF demo (scale 0.1) on env local: the reference outputs."""
-    from espnet3_prefect.demo.recipe import prepare
+    from dtmf_demo.recipe import prepare
 
     root = tmp_path_factory.mktemp("dtmf")
     prepare(root / "data", scale=0.1)
@@ -347,8 +347,8 @@ def test_batch_workers_keep_glibc_allocator_thresholds(batch_backend, tmp_path):
     so to Dask), and still sets Dask's other pre-spawn variables."""
     import logging
 
-    from espnet3_prefect.cluster import open_task_runner
-    from espnet3_prefect.parallel import ParallelSpec
+    from espnet3_prefect.execution.cluster import open_task_runner
+    from espnet3_prefect.execution.spec import ParallelSpec
 
     spec = ParallelSpec.from_config(batch_parallel(batch_backend, n_workers=1))
     with open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test")) as runner:

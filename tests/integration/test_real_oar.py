@@ -185,7 +185,7 @@ def shard_job_ids(flow_run_id: str) -> set[str]:
 def test_oar_demo_matches_local_with_logs_names_and_no_job_left(oar, oar_python, prefect_server, dtmf_local,
                                                                   oar_work):
     from espnet3_prefect.cli.cluster_script import cluster_preview
-    from espnet3_prefect.config import load_config
+    from espnet3_prefect.config.load import load_config
 
     root, conf, reference = dtmf_local
     shutil.copytree(root / "data", oar_work / "data")

@@ -15,7 +15,7 @@ import dask
 import pytest
 
 from espnet3_prefect import ConfigError
-from espnet3_prefect.lock import LOCK_NAME, LockedError, acquire
+from espnet3_prefect.pipeline.lock import LOCK_NAME, LockedError, acquire
 from tests.conftest import ROOT, toy_config, write_yaml
 from tests.helpers.toy import read_lines
 

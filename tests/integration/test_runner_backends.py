@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect import parallel_config, set_parallel
-from espnet3_prefect.demo.dtmf import make_corpus
+from espnet3_prefect import set_parallel
+
+from espnet3_prefect.execution import process_parallel as parallel_config
+from dtmf_demo.dtmf import make_corpus
 from tests.conftest import ROOT, write_yaml
 from tests.helpers.workloads import LogProvider, SquareRunner, forward_jobs
 from tests.integration.test_real_backends import batch_parallel, queue_jobs, slurm  # noqa: F401 - fixture
@@ -48,7 +50,7 @@ def _stats_outputs(stats_dir: Path) -> dict:
 
 
 def test_stats_demo_same_command_on_slurm_as_in_process(slurm, prefect_server, tmp_path):
-    from espnet3_prefect.demo.stats import main
+    from dtmf_demo.stats import main
 
     make_corpus(tmp_path / "data/tiny", 40, seed=5, noise_db=-25.0)
     data = "data=[{name: tiny, data_dir: " + str(tmp_path / "data/tiny") + "}]"

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("espnet3.parallel.base_runner", reason="espnet3 (202611) is not importable here")
 
 from espnet3_prefect import run  # noqa: E402
-from espnet3_prefect import parallel_config  # noqa: E402
+from espnet3_prefect.execution import process_parallel as parallel_config  # noqa: E402
 from tests.helpers.upstream_workloads import UpProvider, UpSquares, up_inference_runner  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from espnet3_prefect import ConfigError, run, set_parallel
-from espnet3_prefect import parallel_config
+from espnet3_prefect.execution import process_parallel as parallel_config
 from tests.conftest import ROOT
 from tests.helpers.workloads import LogProvider, SquareRunner, builds, forward_calls
 

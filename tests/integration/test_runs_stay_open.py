@@ -18,7 +18,7 @@ LINK = r"http://127\.0\.0\.1:(\d+)/runs/flow-run/([0-9a-f-]{36})"
 
 @pytest.fixture
 def registry(tmp_path, monkeypatch):
-    from espnet3_prefect.servers import list_servers, stop_servers
+    from espnet3_prefect.server.registry import list_servers, stop_servers
 
     monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
     yield list_servers
@@ -27,7 +27,7 @@ def registry(tmp_path, monkeypatch):
 
 
 def test_keep_server_on_a_finished_stage_points_at_the_run_that_wrote_it(tmp_path, registry):
-    from espnet3_prefect.run_links import writer_runs
+    from espnet3_prefect.server.run_links import writer_runs
 
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=6, n_workers=1, num_shards=2))
     env = {**cli_env(tmp_path / "home"), "ESPNET3_PREFECT_REGISTRY": os.environ["ESPNET3_PREFECT_REGISTRY"]}

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect.api_auth import client_file, read_client_file
-from espnet3_prefect.api_host import resolve_host
+from espnet3_prefect.server.auth import client_file, read_client_file
+from espnet3_prefect.server.host import resolve_host
 from tests.conftest import ROOT, toy_config, write_yaml
 from tests.helpers.https_api import assert_only_both_get_in, key_lines, probe
 from tests.helpers.procs import CLI, cli_env, copy_project, wait_for
@@ -212,8 +212,8 @@ def test_cli_serves_beyond_loopback_over_https_with_auth(tmp_path):
         assert not client_file(home).exists()  # no stale credential left behind
         assert not tls["folder"].exists()  # nor the server's key
     finally:
-        from espnet3_prefect.server import stop_server
-        from espnet3_prefect.util import read_json
+        from espnet3_prefect.server.embedded import stop_server
+        from espnet3_prefect._internal.util import read_json
 
         kept = read_json(home / "server.json")
         if kept:
@@ -223,7 +223,7 @@ def test_cli_serves_beyond_loopback_over_https_with_auth(tmp_path):
 def test_https_is_the_users_choice_plain_beyond_loopback_or_https_on_loopback(tmp_path, monkeypatch):
     """``--no-server-tls`` beyond loopback: plain HTTP, auth still on; ``--server-tls`` on 127.0.0.1: HTTPS
     (no auth asked); what a run gets in its environment either way."""
-    from espnet3_prefect.server import prefect_api
+    from espnet3_prefect.server.embedded import prefect_api
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
@@ -247,7 +247,7 @@ def test_https_is_the_users_choice_plain_beyond_loopback_or_https_on_loopback(tm
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A server on this machine's non-loopback address with HTTPS and auth, as ``--server-host`` starts it."""
-    from espnet3_prefect.server import forget_server, start_recorded, stop_server
+    from espnet3_prefect.server.embedded import forget_server, start_recorded, stop_server
 
     address = non_loopback_address()
     home = tmp_path_factory.mktemp("authed-home")
@@ -301,7 +301,7 @@ def test_batch_workers_record_task_runs_through_the_client_file(scheduler, serve
                             env={**run_env, **creds.environ(), "ESPNET3_PREFECT_CLIENT_FILE": creds.source}, cwd=tmp_path)
     assert script.returncode == 0, script.stderr
     assert f"export ESPNET3_PREFECT_CLIENT_FILE={creds.source}" in script.stdout
-    assert "--preload espnet3_prefect.worker_api" in script.stdout
+    assert "--preload espnet3_prefect.execution.worker_api" in script.stdout
     assert "PREFECT_API_SSL_CERT_FILE" not in script.stdout  # the client file names it
 
     watch = Watch(job_probe(env))
@@ -441,8 +441,8 @@ def netns():
 def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_path):
     from distributed import Client
 
-    from espnet3_prefect._proc import stop_group
-    from espnet3_prefect.server import forget_server, start_recorded, stop_server
+    from espnet3_prefect._internal.proc import stop_group
+    from espnet3_prefect.server.embedded import forget_server, start_recorded, stop_server
 
     home = tmp_path / "home"
     home.mkdir()
@@ -466,7 +466,7 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
         worker_env = {**plain, "PYTHONPATH": str(ROOT), "ESPNET3_PREFECT_CLIENT_FILE": creds.source}
         procs.append(subprocess.Popen(["ip", "netns", "exec", netns["name"], sys.executable, "-m",
                                        "distributed.cli.dask_worker", scheduler_address, "--host", netns["worker"],
-                                       "--nthreads", "1", "--preload", "espnet3_prefect.worker_api",
+                                       "--nthreads", "1", "--preload", "espnet3_prefect.execution.worker_api",
                                        "--dashboard-address", "127.0.0.1:0"], env=worker_env,
                                       stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "wb"),
                                       start_new_session=True))
@@ -518,7 +518,7 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
 # -- deploy-local --host: the deployments' server, worker and flow runs with auth ------------------
 
 def test_deploy_local_beyond_loopback_over_https_with_auth_and_a_detached_run(tmp_path):
-    from espnet3_prefect.server import free_port
+    from espnet3_prefect.server.embedded import free_port
 
     address = non_loopback_address()
     project = copy_project(tmp_path)

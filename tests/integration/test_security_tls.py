@@ -72,7 +72,7 @@ def _key_body(key_file: Path) -> list[str]:
 
 def _queue_texts(env: str, tag: str) -> dict[str, str]:
     """What the scheduler shows about the run's jobs to anyone who asks."""
-    from espnet3_prefect import backends
+    from espnet3_prefect.execution import backends
 
     texts = {}
     for job in backends.get(env).queue.run_jobs(tag):
@@ -107,7 +107,7 @@ class Probe(threading.Thread):
             self.facts["file_modes"] = {p.name: stat.S_IMODE(p.stat().st_mode) for p in Path(folder).iterdir()}
             self.facts["body"] = _key_body(Path(folder) / "key.pem")
             texts["ps"] = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
-            from espnet3_prefect.backends.tls import RunCertificates
+            from espnet3_prefect.execution.backends.tls import RunCertificates
 
             host_port = address.split("://", 1)[1]
             cert, key = str(Path(folder) / "cert.pem"), str(Path(folder) / "key.pem")

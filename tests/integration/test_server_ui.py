@@ -23,7 +23,7 @@ def ui_settings(ui_url: str) -> dict:
 
 
 def test_embedded_server_ui_names_its_own_api(tmp_path, monkeypatch):
-    from espnet3_prefect.server import prefect_api
+    from espnet3_prefect.server.embedded import prefect_api
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
@@ -50,9 +50,9 @@ def test_a_runs_own_server_runs_only_what_a_run_uses_and_still_shows_all_of_it(t
                                                 FlowRunFilterId, LogFilter, LogFilterFlowRunId)
 
     from espnet3_prefect.flows.infer import infer
-    from espnet3_prefect.server import _flush_prefect, prefect_api
-    from espnet3_prefect.server_services import RUN_ONLY_OFF
-    from espnet3_prefect.util import read_json
+    from espnet3_prefect.server.embedded import _flush_prefect, prefect_api
+    from espnet3_prefect.server.services import RUN_ONLY_OFF
+    from espnet3_prefect._internal.util import read_json
     from tests.conftest import toy_config, write_yaml
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)

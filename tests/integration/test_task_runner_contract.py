@@ -32,7 +32,7 @@ from prefect.states import StateType
 from prefect_dask import DaskTaskRunner
 from prefect_dask.task_runners import PrefectDaskFuture
 
-from espnet3_prefect.task_runner import ShardTaskRunner
+from espnet3_prefect.execution.task_runner import ShardTaskRunner
 
 pytestmark = pytest.mark.slow
 RUNNERS = {"stock": DaskTaskRunner, "shard": ShardTaskRunner}
@@ -383,7 +383,7 @@ def test_a_crash_inside_a_task_is_captured_as_crashed(api, kind):
 def test_losing_the_worker_fails_the_future_and_its_run_can_be_marked_crashed(api, kind):
     from prefect import get_client
 
-    from espnet3_prefect.run_states import mark_task_run_crashed
+    from espnet3_prefect.execution.run_states import mark_task_run_crashed
 
     @task
     def lethal():

@@ -6,9 +6,9 @@ import gc
 import logging
 import sys
 
-from espnet3_prefect.cluster import open_task_runner
+from espnet3_prefect.execution.cluster import open_task_runner
 from espnet3_prefect.flows.dispatch import WORKER_PRELOAD
-from espnet3_prefect.parallel import ParallelSpec
+from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.tasks import preload
 
 

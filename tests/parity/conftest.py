@@ -49,7 +49,7 @@ def parity_dtmf(tmp_path_factory):
     silent, so its hypothesis is empty (an SCP line ``"dtmf_000004 "`` and an empty hyp to score)."""
     import numpy as np
 
-    from espnet3_prefect.demo.dtmf import make_corpus, read_wav, write_wav
+    from dtmf_demo.dtmf import make_corpus, read_wav, write_wav
 
     corpus = make_corpus(tmp_path_factory.mktemp("parity-dtmf"), 13, seed=7, noise_db=-16.0)
     silent = corpus / "wav" / "dtmf_000004.wav"

@@ -12,12 +12,12 @@ import threading
 
 import pytest
 
-from espnet3_prefect.api_auth import ClientCredentials, CredentialFileError, read_client_file, write_client_file
-from espnet3_prefect.api_host import tls_required
-from espnet3_prefect.api_tls import ServerTLS, certificate_names
-from espnet3_prefect.backends.base import exported_environment
+from espnet3_prefect.server.auth import ClientCredentials, CredentialFileError, read_client_file, write_client_file
+from espnet3_prefect.server.host import tls_required
+from espnet3_prefect.server.https import ServerTLS, certificate_names
+from espnet3_prefect.execution.backends.base import exported_environment
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.util import CLIENT_FILE_VAR
+from espnet3_prefect._internal.util import CLIENT_FILE_VAR
 from tests.conftest import toy_config, write_yaml
 from tests.helpers.procs import CLI, cli_env
 

@@ -12,7 +12,7 @@ import_graph = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(import_graph)
 
 P = "espnet3_prefect"
-FOUNDATION = {f"{P}.errors", f"{P}.util", f"{P}._proc"}
+FOUNDATION = {f"{P}.errors", f"{P}._internal.util", f"{P}._internal.proc"}
 FRONT_DOORS = (f"{P}.cli", f"{P}.entry")  # the shell's and Python's way in: they start flows
 
 
@@ -35,6 +35,6 @@ def test_imports_go_down_the_layers():
             if target.startswith(f"{P}.tasks"):
                 assert module.startswith((f"{P}.tasks", f"{P}.flows")), f"{module} imports a task ({target})"
     for module, targets in graph.items():
-        if module.startswith(f"{P}.backends"):
-            outside = {t for t in targets if not t.startswith(f"{P}.backends")} - FOUNDATION
+        if module.startswith(f"{P}.execution.backends"):
+            outside = {t for t in targets if not t.startswith(f"{P}.execution.backends")} - FOUNDATION
             assert not outside, f"{module} reaches out of the backends package: {sorted(outside)}"

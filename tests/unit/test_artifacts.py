@@ -1,4 +1,4 @@
-"""espnet3_prefect.artifacts: what an SCP line holds for each output value, and the files written;
+"""espnet3_prefect.espnet3.artifacts: what an SCP line holds for each output value, and the files written;
 parity with ESPnet3 202611's writer (same values, same file bytes) where espnet3 is importable.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from espnet3_prefect import artifacts as A
-from espnet3_prefect import contract as C
+from espnet3_prefect.espnet3 import artifacts as A
+from espnet3_prefect.espnet3 import contract as C
 from tests.helpers.artifact_writers import Thing
 
 

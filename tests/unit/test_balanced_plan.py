@@ -8,12 +8,12 @@ import random
 import pytest
 
 from espnet3_prefect import BadInputError, load_config
-from espnet3_prefect.layout import StageLayout
-from espnet3_prefect.plan import default_num_shards, plan_shards
-from espnet3_prefect.resume import plan_for
-from espnet3_prefect.shard import run_shard
-from espnet3_prefect.sizing import dataset_lengths, size_on_driver
-from espnet3_prefect.stage import prepare_stages
+from espnet3_prefect.pipeline.layout import StageLayout
+from espnet3_prefect.pipeline.plan import default_num_shards, plan_shards
+from espnet3_prefect.pipeline.resume import plan_for
+from espnet3_prefect.pipeline.shard import run_shard
+from espnet3_prefect.pipeline.sizing import dataset_lengths, size_on_driver
+from espnet3_prefect.pipeline.stage import prepare_stages
 from tests.conftest import toy_config, write_yaml
 
 
@@ -134,7 +134,7 @@ def test_lengths_join_the_stage_identity_and_plan_on_the_driver(tmp_path):
 
 
 def test_outputs_are_identical_with_balanced_and_equal_shards(tmp_path):
-    from espnet3_prefect.merge import concat_files
+    from espnet3_prefect.pipeline.merge import concat_files
 
     lengths = sorted(lognormal(30))
     stage = _stage(tmp_path, lengths, batch_size=2)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from espnet3_prefect.checkpoint import checkpoint_info, parse_name, resolve_key, zip_complete
-from espnet3_prefect.checkpoint_trend import best_points, checkpoint_points
+from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, parse_name, resolve_key, zip_complete
+from espnet3_prefect.checkpoints.trend import best_points, checkpoint_points
 from espnet3_prefect.errors import ConfigError
 
 
@@ -65,7 +65,7 @@ def test_a_torch_zip_is_complete_only_once_closed(tmp_path):
 
 
 def test_the_checkpoint_key_of_a_recipe():
-    demo = OmegaConf.create({"model": {"_target_": "espnet3_prefect.demo.recipe.DTMFRecognizer", "model_file": None}})
+    demo = OmegaConf.create({"model": {"_target_": "dtmf_demo.recipe.DTMFRecognizer", "model_file": None}})
     s2t = OmegaConf.create({"model": {"_target_": "espnet2.bin.asr_inference.Speech2Text", "asr_train_config": "c"}})
     assert resolve_key(demo, None) == "model.model_file"
     assert resolve_key(s2t, None) == "model.asr_model_file"  # a Speech2Text's, also when the key is absent
@@ -96,8 +96,8 @@ def test_watcher_latest_mode_and_a_pending_event_left_by_a_kill(prefect_server, 
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter
 
-    from espnet3_prefect.checkpoint_events import EVENT_NAME, EmittedState, event_fields
-    from espnet3_prefect.checkpoint_watch import Watcher
+    from espnet3_prefect.checkpoints.events import EVENT_NAME, EmittedState, event_fields
+    from espnet3_prefect.checkpoints.watch import Watcher
 
     exp = tmp_path / "exp"
     exp.mkdir()
@@ -139,11 +139,11 @@ def test_events_reach_a_server_that_asks_for_basic_auth_over_https(tmp_path):
     import torch
     from prefect.events.filters import EventFilter, EventNameFilter
 
-    from espnet3_prefect.checkpoint_events import EVENT_NAME, EmittedState, prefect_settings
+    from espnet3_prefect.checkpoints.events import EVENT_NAME, EmittedState, prefect_settings
     from espnet3_prefect.errors import Espnet3PrefectError
-    from espnet3_prefect.api_auth import ClientCredentials
-    from espnet3_prefect.api_tls import ServerTLS
-    from espnet3_prefect.server import start_server, stop_server
+    from espnet3_prefect.server.auth import ClientCredentials
+    from espnet3_prefect.server.https import ServerTLS
+    from espnet3_prefect.server.embedded import start_server, stop_server
 
     auth = "e3p:" + uuid.uuid4().hex
     home = tmp_path / "home"

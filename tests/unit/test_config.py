@@ -5,9 +5,9 @@ import importlib.util
 import pytest
 
 from espnet3_prefect import load_config
-from espnet3_prefect.config import for_test_set, identity_config, list_test_sets
-from espnet3_prefect.stage import prepare_stages
-from espnet3_prefect.targets import resolve_target
+from espnet3_prefect.config.load import for_test_set, identity_config, list_test_sets
+from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.config.targets import resolve_target
 from tests.conftest import toy_config, write_yaml
 
 
@@ -27,7 +27,7 @@ _WITHOUT_ESPNET3 = pytest.mark.skipif(importlib.util.find_spec("espnet3") is not
 @_WITHOUT_ESPNET3
 def test_espnet3_stock_targets_resolve_to_ours():
     assert resolve_target("espnet3.systems.base.inference_provider.InferenceProvider") == \
-        "espnet3_prefect.provider.InferenceProvider"
+        "espnet3_prefect.espnet3.provider.InferenceProvider"
     assert resolve_target("my.own.Runner") == "my.own.Runner"
 
 
@@ -38,7 +38,7 @@ def test_espnet3_recipe_config_runs_unchanged(tmp_path):
     cfg["runner"]["_target_"] = "espnet3.systems.base.inference_runner.InferenceRunner"
     cfg["provider"]["params"] = {}
     _, [stage] = prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)]))
-    assert type(stage.runner).__module__ == "espnet3_prefect.inference_runner"
+    assert type(stage.runner).__module__ == "espnet3_prefect.espnet3.inference_runner"
     assert stage.runner.idx_key == "utt_id"
 
 
@@ -70,7 +70,7 @@ def test_adding_a_test_set_does_not_change_the_others(tmp_path):
 @_WITHOUT_ESPNET3
 def test_a_typo_in_a_stock_espnet3_class_name_says_so_and_suggests_the_class():
     from espnet3_prefect.errors import ConfigError
-    from espnet3_prefect.targets import locate
+    from espnet3_prefect.config.targets import locate
 
     with pytest.raises(ConfigError) as info:
         locate("espnet3.systems.base.inference_provider.InferenceProvidr", "provider._target_")
@@ -79,7 +79,7 @@ def test_a_typo_in_a_stock_espnet3_class_name_says_so_and_suggests_the_class():
         "espnet3-prefect provides while espnet3 is not installed; did you mean "
         "'espnet3.systems.base.inference_provider.InferenceProvider'?")
     with pytest.raises(ConfigError, match="has no attribute 'InferenceRuner'; did you mean 'InferenceRunner'"):
-        locate("espnet3_prefect.inference_runner.InferenceRuner", "runner._target_")
+        locate("espnet3_prefect.espnet3.inference_runner.InferenceRuner", "runner._target_")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("espnet3") is None,

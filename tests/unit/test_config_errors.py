@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from espnet3_prefect import ConfigError, load_config
-from espnet3_prefect.stage import prepare_stages
+from espnet3_prefect.pipeline.stage import prepare_stages
 from tests.conftest import toy_config, write_yaml
 
 
@@ -113,13 +113,13 @@ def test_keys_of_your_own_keep_working_and_a_near_miss_can_be_allowed(tmp_path):
     assert [s.test_set for s in stages] == ["test_a"]
     allowed = load_config([path], ["+batch_sise=16", "+allow_keys=[batch_sise]"])
     prepare_stages(allowed)  # a deliberate near-miss, listed: kept
-    from espnet3_prefect.config import identity_config
+    from espnet3_prefect.config.load import identity_config
 
     assert "allow_keys" not in identity_config(allowed)  # listing a key does not redo finished shards
 
 
 def test_a_misspelt_metrics_key_fails_first(tmp_path):
-    from espnet3_prefect.metrics_stage import prepare_metrics
+    from espnet3_prefect.metrics.stage import prepare_metrics
 
     path = write_yaml(tmp_path / "metrics.yaml", {"inference_dir": str(tmp_path), "metrik": []})
     with pytest.raises(ConfigError, match="^metrik: not a config key; did you mean metrics\\?"):

@@ -1,4 +1,4 @@
-"""espnet3_prefect.contract: the standalone implementation's behaviour, and its parity with
+"""espnet3_prefect.espnet3.contract: the standalone implementation's behaviour, and its parity with
 ESPnet3 202611's ``espnet3.contract.inference`` (parity tests skip where espnet3 is not importable).
 """
 
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from espnet3_prefect import contract as C
+from espnet3_prefect.espnet3 import contract as C
 from espnet3_prefect.errors import ConfigError
 
 
@@ -326,7 +326,8 @@ def test_module_imports_and_runs_without_espnet3_torch_librosa_soundfile(tmp_pat
         for name in ("torch", "espnet3", "librosa", "soundfile"):
             sys.modules[name] = None  # import of it fails
         import numpy as np
-        from espnet3_prefect import artifacts, contract
+        from espnet3_prefect.espnet3 import artifacts
+        from espnet3_prefect.espnet3 import contract
         assert not contract.delegates()
         c = contract.load_inference_contract({{"inputs": {{"speech": {{"kind": "audio", "sample_rate": 8000}}}},
                                               "outputs": {{"text": {{"kind": "text", "normalize": "to_upper"}}}}}})
@@ -711,7 +712,7 @@ def test_standalone_switch_restores_the_flag(monkeypatch):
 
 
 @pytest.mark.parametrize("forced", [True, False], ids=["standalone", "as-installed"])
-@pytest.mark.parametrize("module", ["espnet3_prefect.contract", "espnet3_prefect.artifacts"])
+@pytest.mark.parametrize("module", ["espnet3_prefect.espnet3.contract", "espnet3_prefect.espnet3.artifacts"])
 def test_docstring_examples_run(module, forced, monkeypatch):
     """The modules' examples hold standalone and delegated to espnet3 (where it is importable)."""
     import doctest

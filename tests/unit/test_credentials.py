@@ -11,16 +11,16 @@ import sys
 
 import pytest
 
-from espnet3_prefect.api_auth import (
+from espnet3_prefect.server.auth import (
     ClientCredentials, CredentialFileError, load_client_environ, new_auth_string, read_client_file, write_client_file,
 )
-from espnet3_prefect.api_host import auth_required, resolve_host
-from espnet3_prefect.backends import cluster_kwargs
-from espnet3_prefect.backends.base import exported_environment
-from espnet3_prefect.backends.preview import render_job_script
+from espnet3_prefect.server.host import auth_required, resolve_host
+from espnet3_prefect.execution.backends import cluster_kwargs
+from espnet3_prefect.execution.backends.base import exported_environment
+from espnet3_prefect.execution.backends.preview import render_job_script
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.parallel import ParallelSpec
-from espnet3_prefect.util import CLIENT_FILE_VAR, WORKER_PRELOAD
+from espnet3_prefect.execution.spec import ParallelSpec
+from espnet3_prefect._internal.util import CLIENT_FILE_VAR, WORKER_PRELOAD
 
 SECRET = "espnet3:unit-test-secret-0123456789"
 
@@ -139,7 +139,7 @@ def test_kube_refuses_an_authenticated_api_on_one_line():
 
 
 def backends_class(env):
-    from espnet3_prefect import backends
+    from espnet3_prefect.execution import backends
 
     return backends.get(env).load_cluster_class()
 

@@ -1,4 +1,4 @@
-"""Tests for the synthetic DTMF demo recipe (espnet3_prefect.demo.dtmf)."""
+"""Tests for the synthetic DTMF demo recipe (dtmf_demo.dtmf)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from espnet3_prefect.demo.decoder import DTMFDecoder, collapse, collate
-from espnet3_prefect.demo.dtmf import (
+from dtmf_demo.decoder import DTMFDecoder, collapse, collate
+from dtmf_demo.dtmf import (
     DTMF_FREQS_HZ,
     IMPAIRMENTS,
     KEYS,
@@ -247,7 +247,7 @@ def test_corpus_with_impairments_lists_them_and_decodes_to_them(tmp_path: Path, 
 
 
 def test_demo_test_sets_clean_has_no_error_noisy_has_eight(tmp_path: Path, decoder: DTMFDecoder) -> None:
-    from espnet3_prefect.demo.recipe import DEMO_TEST_SETS, prepare
+    from dtmf_demo.recipe import DEMO_TEST_SETS, prepare
 
     t0 = time.perf_counter()
     clean, noisy = prepare(tmp_path / "data")
@@ -268,7 +268,7 @@ def test_demo_test_sets_clean_has_no_error_noisy_has_eight(tmp_path: Path, decod
 
 
 def test_prepare_regenerates_older_data_and_the_flow_hook_keeps_any_size(tmp_path: Path) -> None:
-    from espnet3_prefect.demo.recipe import DTMFDataset, DTMFOrganizer, prepare
+    from dtmf_demo.recipe import DTMFDataset, DTMFOrganizer, prepare
 
     old = make_corpus(tmp_path / "data/test_noisy", 5, seed=2, noise_db=-22.0)  # data from before the spec file
     fingerprint = DTMFDataset(old).fingerprint()

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect import backends
-from espnet3_prefect.backends import cluster_kwargs
-from espnet3_prefect.backends.kube import render_kube_spec
-from espnet3_prefect.backends.preview import dump_yaml, render_job_script
-from espnet3_prefect.parallel import ParallelSpec
+from espnet3_prefect.execution import backends
+from espnet3_prefect.execution.backends import cluster_kwargs
+from espnet3_prefect.execution.backends.kube import render_kube_spec
+from espnet3_prefect.execution.backends.preview import dump_yaml, render_job_script
+from espnet3_prefect.execution.spec import ParallelSpec
 
 
 def load_cluster_class(env):

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from espnet3_prefect import backends
-from espnet3_prefect.backends import cluster_kwargs
-from espnet3_prefect.backends.jobs import QueuedJob, _ours, job_log_files, run_job_name, run_tag, tail
-from espnet3_prefect.backends.walltime import default_margin_s, worker_lifetime
-from espnet3_prefect.cluster import cancel_jobs_hook
+from espnet3_prefect.execution import backends
+from espnet3_prefect.execution.backends import cluster_kwargs
+from espnet3_prefect.execution.backends.jobs import QueuedJob, _ours, job_log_files, run_job_name, run_tag, tail
+from espnet3_prefect.execution.backends.walltime import default_margin_s, worker_lifetime
+from espnet3_prefect.execution.cluster import cancel_jobs_hook
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.parallel import ParallelSpec, build_task_runner
+from espnet3_prefect.execution.spec import ParallelSpec, build_task_runner
 from tests.conftest import ROOT, write_yaml
 
 BASE = {"cores": 1, "memory": "1GB"}
@@ -238,7 +238,7 @@ class _NoWorkers:
 
 
 def test_watcher_warns_while_no_worker_connects_and_fails_on_rejected_submissions(tmp_path):
-    from espnet3_prefect.backends.watcher import JobWatcher
+    from espnet3_prefect.execution.backends.watcher import JobWatcher
 
     log, aborted = _Log(), []
     watcher = JobWatcher(backends.get("pbs"), "e3p-0123456789", tmp_path, _NoWorkers(), log, expected_jobs=2,

@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
-from espnet3_prefect import backends
-from espnet3_prefect.backends import cluster_kwargs
-from espnet3_prefect.backends.oar import oarsub_argv
-from espnet3_prefect.backends.preview import render_job_script
+from espnet3_prefect.execution import backends
+from espnet3_prefect.execution.backends import cluster_kwargs
+from espnet3_prefect.execution.backends.oar import oarsub_argv
+from espnet3_prefect.execution.backends.preview import render_job_script
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.parallel import ParallelSpec
+from espnet3_prefect.execution.spec import ParallelSpec
 
 OAR = backends.get("oar")
 

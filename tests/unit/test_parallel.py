@@ -4,10 +4,10 @@ import importlib.util
 
 import pytest
 
-from espnet3_prefect.backends import cluster_kwargs
-from espnet3_prefect.backends.local import check_gpu_count, visible_gpu_count
+from espnet3_prefect.execution.backends import cluster_kwargs
+from espnet3_prefect.execution.backends.local import check_gpu_count, visible_gpu_count
 from espnet3_prefect.errors import ConfigError, MissingExtraError
-from espnet3_prefect.parallel import ParallelSpec, build_task_runner
+from espnet3_prefect.execution.spec import ParallelSpec, build_task_runner
 
 
 def test_local_defaults_bind_loopback_and_user_options_win():
@@ -48,8 +48,8 @@ def test_local_gpu_refuses_more_workers_than_visible_gpus(monkeypatch):
 
 
 def test_preflight_checks_the_gpus_before_anything_starts(monkeypatch):
-    from espnet3_prefect import backends
-    from espnet3_prefect.parallel import preflight
+    from espnet3_prefect.execution import backends
+    from espnet3_prefect.execution.spec import preflight
 
     gpu = backends.get("local_gpu")
     monkeypatch.setattr(type(gpu), "load_cluster_class", lambda self: object)  # dask-cuda cannot run here
@@ -91,8 +91,8 @@ def test_allow_overwrite_lock_is_espnet3s_boolean():
 
 
 def test_local_workers_preload_ours_then_the_users_modules():
-    from espnet3_prefect.backends.base import ClusterContext
-    from espnet3_prefect.backends.local import LocalBackend
+    from espnet3_prefect.execution.backends.base import ClusterContext
+    from espnet3_prefect.execution.backends.local import LocalBackend
 
     ours = ("espnet3_prefect.tasks.preload",)
     plain = ParallelSpec.from_config({"env": "local"})
@@ -106,9 +106,9 @@ def test_local_workers_preload_ours_then_the_users_modules():
 def test_local_gpu_without_a_gpu_says_so_before_the_missing_extra(monkeypatch):
     """No GPU: the [gpu] extra would not help, so it is not mentioned (a config error: exit 2); GPUs
     but no dask-cuda: then the extra is what is missing."""
-    from espnet3_prefect import backends
+    from espnet3_prefect.execution import backends
     from espnet3_prefect.errors import MissingExtraError
-    from espnet3_prefect.parallel import preflight
+    from espnet3_prefect.execution.spec import preflight
 
     gpu = backends.get("local_gpu")
 

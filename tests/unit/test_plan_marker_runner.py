@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 
 from espnet3_prefect import BadInputError, BaseRunner, ConfigError, InferenceRunner
-from espnet3_prefect.envcall import call_with_env
-from espnet3_prefect.marker import check_marker, shard_files, write_marker
-from espnet3_prefect.plan import default_num_shards, plan_shards
-from espnet3_prefect.inference_runner import _utt_id
-from espnet3_prefect.shard import drive
+from espnet3_prefect.espnet3.envcall import call_with_env
+from espnet3_prefect.pipeline.marker import check_marker, shard_files, write_marker
+from espnet3_prefect.pipeline.plan import default_num_shards, plan_shards
+from espnet3_prefect.espnet3.inference_runner import _utt_id
+from espnet3_prefect.pipeline.shard import drive
 
 
 @pytest.mark.parametrize("n, k", [(1, 1), (7, 3), (100, 32), (5, 9), (1000, 7)])
@@ -122,8 +122,8 @@ def test_base_runner_local_call_with_seed_style_writer_hooks(tmp_path):
 
 
 def test_device_resolution(monkeypatch):
-    from espnet3_prefect import provider
-    from espnet3_prefect.provider import resolve_device
+    from espnet3_prefect.espnet3 import provider
+    from espnet3_prefect.espnet3.provider import resolve_device
 
     assert resolve_device({"device": "cuda:3"}) == "cuda:3"
     monkeypatch.setattr(provider, "_cuda_device_count", lambda: 0)

@@ -9,11 +9,11 @@ import time
 import pytest
 
 from espnet3_prefect import ConfigError, InferenceRunner, ItemError
-from espnet3_prefect.layout import StageLayout
-from espnet3_prefect.marker import read_marker
-from espnet3_prefect.plan import plan_shards
-from espnet3_prefect.prefetch import Timing, check_prefetch, make_view
-from espnet3_prefect.shard import drive, run_shard
+from espnet3_prefect.pipeline.layout import StageLayout
+from espnet3_prefect.pipeline.marker import read_marker
+from espnet3_prefect.pipeline.plan import plan_shards
+from espnet3_prefect.pipeline.prefetch import Timing, check_prefetch, make_view
+from espnet3_prefect.pipeline.shard import drive, run_shard
 
 
 class Recordings:

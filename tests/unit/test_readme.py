@@ -59,7 +59,7 @@ def test_python_examples_compile_and_import_what_exists():
 
 
 def test_yaml_examples_load_and_parallel_blocks_validate():
-    from espnet3_prefect.parallel import ParallelSpec
+    from espnet3_prefect.execution.spec import ParallelSpec
 
     blocks = all_blocks("yaml")
     assert any("parallel" in (yaml.safe_load(body) or {}) for _, body in blocks)

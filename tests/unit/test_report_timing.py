@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from espnet3_prefect.report import add_timing, bound_by, empty_timing, format_summary, summary_rows
+from espnet3_prefect.pipeline.report import add_timing, bound_by, empty_timing, format_summary, summary_rows
 
 
 def _summary(timing, workers=2, shards_run=2):

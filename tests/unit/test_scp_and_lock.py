@@ -7,8 +7,8 @@ import socket
 import pytest
 
 from espnet3_prefect import BadInputError, InferenceRunner
-from espnet3_prefect.lock import LOCK_NAME, LockedError, acquire
-from espnet3_prefect.scp import read_scp
+from espnet3_prefect.pipeline.lock import LOCK_NAME, LockedError, acquire
+from espnet3_prefect._internal.scp import read_scp
 
 
 def _write(tmp_path, records):

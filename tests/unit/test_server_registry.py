@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect._proc import descendants, stop_tree
-from espnet3_prefect import server
-from espnet3_prefect.server import pid_alive
-from espnet3_prefect.servers import (
+from espnet3_prefect._internal.proc import descendants, stop_tree
+from espnet3_prefect.server import embedded as server
+from espnet3_prefect.server.embedded import pid_alive
+from espnet3_prefect.server.registry import (
     ServerRecord,
     find_servers,
     format_servers,

@@ -10,11 +10,11 @@ import pytest
 
 from espnet3_prefect import BaseRunner, ConfigError, InferenceRunner, ItemError
 from espnet3_prefect.errors import is_retryable
-from espnet3_prefect.layout import StageLayout
-from espnet3_prefect.lock import LockedError, take_shard_lock
-from espnet3_prefect.marker import check_marker, read_marker
-from espnet3_prefect.plan import Shard, plan_shards
-from espnet3_prefect.shard import drive, run_shard
+from espnet3_prefect.pipeline.layout import StageLayout
+from espnet3_prefect.pipeline.lock import LockedError, take_shard_lock
+from espnet3_prefect.pipeline.marker import check_marker, read_marker
+from espnet3_prefect.pipeline.plan import Shard, plan_shards
+from espnet3_prefect.pipeline.shard import drive, run_shard
 
 DATA = [{"utt_id": f"u{i}", "x": i} for i in range(7)]
 

@@ -8,11 +8,11 @@ import stat
 
 import pytest
 
-from espnet3_prefect import backends
-from espnet3_prefect.backends.base import ClusterContext
-from espnet3_prefect.backends.tls import RunCertificates
+from espnet3_prefect.execution import backends
+from espnet3_prefect.execution.backends.base import ClusterContext
+from espnet3_prefect.execution.backends.tls import RunCertificates
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.parallel import ParallelSpec
+from espnet3_prefect.execution.spec import ParallelSpec
 
 BATCH_OPTIONS = {"cores": 1, "memory": "1GB"}
 EXTRA = {"htcondor": {"disk": "1GB"}}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from espnet3_prefect import backends
-from espnet3_prefect.backends.jobs import JobQueue, QueuedJob
-from espnet3_prefect.backends.watcher import FIRST_POLL_S, MAX_POLL_S, Backoff, JobWatcher
+from espnet3_prefect.execution import backends
+from espnet3_prefect.execution.backends.jobs import JobQueue, QueuedJob
+from espnet3_prefect.execution.backends.watcher import FIRST_POLL_S, MAX_POLL_S, Backoff, JobWatcher
 
 
 def test_backoff_doubles_up_to_the_cap_and_starts_over_after_a_change():

@@ -13,10 +13,11 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from espnet3_prefect import ConfigError, get_parallel_config, set_parallel
-from espnet3_prefect import entry, parallel_config
-from espnet3_prefect.demo.dtmf import make_corpus
-from espnet3_prefect.demo.feats import FeatsProvider, FeatsRunner, LogMel, write_npz
-from espnet3_prefect.workload import check_indices, prepare_job, runner_fingerprint
+from espnet3_prefect import entry
+from espnet3_prefect.execution import process_parallel as parallel_config
+from dtmf_demo.dtmf import make_corpus
+from dtmf_demo.feats import FeatsProvider, FeatsRunner, LogMel, write_npz
+from espnet3_prefect.pipeline.runner_job import check_indices, prepare_job, runner_fingerprint
 from tests.helpers.workloads import LogProvider, SquareRunner
 
 

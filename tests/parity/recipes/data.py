@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from espnet3_prefect.demo.dtmf import read_corpus, read_wav
+from dtmf_demo.dtmf import read_corpus, read_wav
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 

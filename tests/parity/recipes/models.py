@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from espnet3_prefect.demo.recipe import DTMFRecognizer
+from dtmf_demo.recipe import DTMFRecognizer
 
 from .data import DIGIT_WORDS
 

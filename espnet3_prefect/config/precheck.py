@@ -1,0 +1,27 @@
+"""What the command line and ``infer()`` check on the driver before a server starts, beyond the config
+itself: the recipe's data made on demand (the DTMF demo's audio on a fresh clone), then each test set's
+dataset built once and its input keys checked (:func:`espnet3_prefect.pipeline.sizing.checked_dataset`).
+A typo in ``input_key`` is then the one line a user sees, with no server start before it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from omegaconf import DictConfig
+
+from espnet3_prefect.pipeline.dataprep import ensure_prepared
+from espnet3_prefect.pipeline.sizing import checked_dataset
+
+log = logging.getLogger("espnet3_prefect")
+
+
+def check_inputs_before_start(cfg: DictConfig, stages: Iterable) -> None:
+    """Make the recipe's data when it has a hook for it, then check every test set's inputs."""
+    for made in ensure_prepared(cfg):
+        log.info("prepared data: %s", made)
+    for stage in stages:
+        checked_dataset(stage)
+
+
+__all__ = ["check_inputs_before_start"]

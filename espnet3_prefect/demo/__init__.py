@@ -1,1 +1,0 @@
-"""Self-contained demo recipes (synthetic data + small real models, no downloads)."""

@@ -1,0 +1,107 @@
+"""Repair run states Prefect cannot see: shards whose workers died, flow runs whose process died."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("espnet3_prefect")
+
+
+def mark_task_run_crashed(task_run_id, message: str, *, task=None, name: str | None = None,
+                          flow_run_id=None) -> None:
+    """Set a task run whose worker was killed to Crashed (prefect#12968).
+
+    Left Running if its events were sent, or never recorded at all if the worker died before
+    sending them: then it is created here, Crashed, under the same id and name.
+    """
+    from prefect import get_client
+    from prefect.states import Crashed
+
+    try:
+        with get_client(sync_client=True) as client:
+            try:
+                client.set_task_run_state(task_run_id, Crashed(message=message), force=True)
+            except Exception as exc:
+                if not _not_found(exc) or task is None or flow_run_id is None:
+                    raise
+                client.create_task_run(task=task, flow_run_id=flow_run_id, dynamic_key=str(task_run_id),
+                                       id=task_run_id, name=name, state=Crashed(message=message))
+    except Exception as exc:  # reporting must not hide the shard's own failure
+        log.warning("could not mark task run %s crashed: %s", task_run_id, exc)
+
+
+def _not_found(exc: Exception) -> bool:
+    from prefect.exceptions import ObjectNotFound
+
+    response = getattr(exc, "response", None)
+    return isinstance(exc, ObjectNotFound) or getattr(response, "status_code", None) == 404
+
+
+def mark_flow_run_crashed(flow_run_id, message: str) -> bool:
+    """Set a flow run still Running (its process was killed) to Crashed; True if it was changed."""
+    from prefect import get_client
+    from prefect.states import Crashed
+
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(flow_run_id)
+            if run.state is None or not (run.state.is_running() or run.state.is_pending()):
+                return False
+            client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
+            return True
+    except Exception as exc:
+        log.warning("could not mark flow run %s crashed: %s", flow_run_id, exc)
+        return False
+
+
+def fails_with_its_message(fn):
+    """Wrap a flow function: one of our errors (bad config, bad input: each one line) ends the flow run
+    in a Failed state whose message is that line, logged once without a traceback, so
+    ``prefect deployment run --watch``, ``prefect flow-run inspect`` and the UI's state show it. A caller
+    in this process still gets the exception itself (the state carries it), so the command line's exit
+    status and the drop-in's ``raise`` are unchanged. Other exceptions are left to Prefect."""
+    import functools
+
+    from espnet3_prefect.errors import Espnet3PrefectError, one_line
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Espnet3PrefectError as exc:
+            from prefect import get_run_logger
+            from prefect.states import Failed
+
+            line = one_line(exc)
+            _quiet_engine_traceback()
+            get_run_logger().error("%s", line)
+            _send_logs()  # before the Failed state: `--watch` stops at the state, and shows the line first
+            return Failed(message=line, data=exc)
+
+    return wrapper
+
+
+def _send_logs() -> None:
+    try:
+        from prefect.logging.handlers import APILogHandler
+
+        APILogHandler().flush()
+    except Exception as exc:  # noqa: BLE001 - the state still says it
+        log.debug("could not send the flow run's logs: %s", exc)
+
+
+class _OwnErrorTraceback(logging.Filter):
+    """Drops Prefect's flow-run log records that carry a traceback of one of our errors: a deployment
+    run's engine logs "Engine execution exited with unexpected exception" with the whole traceback
+    after the run has already failed with that error's one line as its state message (and its log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from espnet3_prefect.errors import Espnet3PrefectError
+
+        return not (record.exc_info and isinstance(record.exc_info[1], Espnet3PrefectError))
+
+
+def _quiet_engine_traceback() -> None:
+    engine = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(f, _OwnErrorTraceback) for f in engine.filters):
+        engine.addFilter(_OwnErrorTraceback())

@@ -1,0 +1,53 @@
+"""Where a flow run works: deployments run flows from the project root; ``workdir`` moves them.
+
+``espnet3-prefect infer --detach`` passes the submitting shell's folder, so relative config paths
+(``exp_dir: exp/...``) and recipe modules (``src.inference.MyProvider``) resolve as they would in a
+run started from that folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect._internal.util import as_list, put_on_pythonpath
+
+__all__ = ["as_list", "enter_workdir"]
+
+
+def enter_workdir(workdir: str | os.PathLike | None) -> Path:
+    """``chdir`` into ``workdir`` (when given) and put it on ``sys.path`` and ``PYTHONPATH``.
+
+    Dask workers started afterwards inherit both. Returns the current folder.
+    """
+    if workdir:
+        path = Path(workdir).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"workdir: {workdir} is not a folder on this machine")
+        os.chdir(path)
+        put_on_pythonpath(path)
+    return Path.cwd()
+
+
+def preload_on_main_thread() -> None:
+    """Import ``dask_jobqueue`` now, on the main thread, when espnet3 is installed.
+
+    ``espnet3.parallel`` imports ``dask_jobqueue``, whose ``runner`` module installs a SIGINT handler
+    at import time, which Python allows only on the main thread: a recipe module importing espnet3's
+    classes for the first time from a worker thread (the env build, a task) would fail with "signal
+    only works in main thread". Python's own Ctrl-C handling is put back afterwards (the handler it
+    installs exits silently with status 0).
+    """
+    if threading.current_thread() is not threading.main_thread() or "dask_jobqueue" in sys.modules:
+        return
+    if importlib.util.find_spec("espnet3") is None or importlib.util.find_spec("dask_jobqueue") is None:
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    importlib.import_module("dask_jobqueue")
+    signal.signal(signal.SIGINT, handler)

@@ -1,0 +1,8 @@
+"""The data path of a stage, one module per step, in the order a run takes them:
+
+``stage`` (config -> validated test sets) -> ``sizing`` (the test set sized on the driver) -> ``plan``
+(shards) -> ``resume`` (which shards run again) -> ``env`` (build env per worker) -> ``shard`` (run shard)
+-> ``marker`` (mark done) -> ``merge`` -> ``summary`` (the typed result) -> ``report`` (progress, tables).
+``driver`` runs those steps for one stage on a task runner; ``in_process`` runs them in this process.
+On-disk names: ``layout``; one run per folder: ``lock``; ``prefetch`` reads ahead inside a shard;
+``runner_job`` prepares any ESPnet3 runner over an index list; ``dataprep`` makes a recipe's data."""

@@ -1,0 +1,174 @@
+"""One run per output folder: ``<inference_dir>/.espnet3-prefect.lock``.
+
+The holder writes its pid, host and flow run id, and touches the file every ``HEARTBEAT_S``. A second
+run is refused with the holder's details. A lock whose holder is gone (same host, pid dead) or
+silent for ``STALE_AFTER_S`` is taken over, and the flow run it names is reported for crash marking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.pipeline.layout import RUN_LOCK_NAME as LOCK_NAME
+
+HEARTBEAT_S = 15.0
+STALE_AFTER_S = 120.0
+UNREADABLE_GRACE_S = 5.0
+
+
+class LockedError(Espnet3PrefectError, RuntimeError):
+    """Another live run holds the output folder."""
+
+
+@dataclass
+class RunLock:
+    path: Path
+    stale_holder: dict | None = None  # what a taken-over lock said (its flow run may be left Running)
+    _token: str = ""
+    _stop: threading.Event | None = None
+
+    def release(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        try:
+            if json.loads(self.path.read_text()).get("token") == self._token:
+                self.path.unlink()
+        except (OSError, ValueError):
+            pass
+
+
+def _holder_gone(holder: dict, age_s: float) -> bool:
+    if age_s > STALE_AFTER_S:
+        return True
+    if holder.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(holder.get("pid", -1)), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
+
+
+def acquire(folder: Path, flow_run_id: str | None = None) -> RunLock:
+    """Take the lock on ``folder`` or raise :class:`LockedError` naming the live holder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    token = uuid.uuid4().hex
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "flow_run_id": flow_run_id,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": token}
+    stale = None
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            stale = _take_over_if_stale(path, folder) or stale
+            continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(record))
+        return RunLock(path, stale_holder=stale, _token=token, _stop=_heartbeat(path))
+    raise LockedError(f"{folder}: could not take the run lock {path}")
+
+
+def _take_over_if_stale(path: Path, folder: Path) -> dict | None:
+    try:
+        age_s = time.time() - path.stat().st_mtime
+    except OSError:
+        return None  # released meanwhile: try again
+    try:
+        holder = json.loads(path.read_text())
+    except (OSError, ValueError):  # unreadable: being written right now, or left half-written
+        holder = {} if age_s < UNREADABLE_GRACE_S else {"pid": "?", "host": "?"}
+        age_s = STALE_AFTER_S + 1 if age_s >= UNREADABLE_GRACE_S else age_s
+    if not _holder_gone(holder, age_s):
+        raise LockedError(
+            f"{folder} is in use by pid {holder.get('pid')} on host {holder.get('host')} "
+            f"(flow run {holder.get('flow_run_id')}, since {holder.get('started')}); wait for it or stop it")
+    aside = path.with_name(f"{LOCK_NAME}.stale-{uuid.uuid4().hex[:8]}")
+    try:
+        os.replace(path, aside)  # only one of several recovering runs wins this rename
+        aside.unlink()
+    except OSError:
+        return None
+    return holder
+
+
+def _heartbeat(path: Path) -> threading.Event:
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                os.utime(path)
+            except OSError:
+                return
+
+    threading.Thread(target=beat, name="espnet3-prefect-lock", daemon=True).start()
+    return stop
+
+
+# -- split.N/lock: held while one shard runs, as ESPnet3 202611 does ------------------------------
+
+def take_shard_lock(path: Path, flow_run_id: str | None, allow_overwrite: bool = False) -> str | None:
+    """Create ``split.N/lock`` exclusively (pid on the first line, as upstream writes it).
+
+    An existing lock is taken over when it belongs to this flow run (Dask re-runs a shard whose
+    worker died), when its holder is a dead process on this host, or when
+    ``parallel.allow_overwrite_lock`` is set; the returned string says which. Otherwise another
+    runner (ours or upstream's) is writing the shard, and :class:`LockedError` names it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    why = None
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            why = _shard_lock_takeover(path, flow_run_id, allow_overwrite)
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()}\n{socket.gethostname()} {flow_run_id or '-'}\n")
+        return why
+    raise LockedError(f"{path}: could not take the shard lock")
+
+
+def release_shard_lock(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def _shard_lock_takeover(path: Path, flow_run_id: str | None, allow_overwrite: bool) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return "lock released meanwhile"
+    pid = lines[0].strip() if lines else "?"
+    host, _, run = (lines[1].partition(" ") if len(lines) > 1 else ("?", "", "-"))
+    if flow_run_id and run == flow_run_id:
+        return "held by this run's earlier attempt (its worker died)"
+    if host == socket.gethostname() and _pid_gone(pid):
+        return f"its holder (pid {pid}) is gone"
+    if allow_overwrite:
+        return f"parallel.allow_overwrite_lock is set (holder: pid {pid} on {host})"
+    who = f"pid {pid} on {host}" + (f", flow run {run}" if run and run != "-" else
+                                    " (no host recorded: upstream ESPnet3?)" if host == "?" else "")
+    raise LockedError(f"{path.parent}: locked by {who}; another run is writing this shard. If it is gone, "
+                      f"set parallel.allow_overwrite_lock: true (or delete {path})")
+
+
+def _pid_gone(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False

@@ -1,0 +1,215 @@
+"""Plan shards: batches are formed first (as ESPnet3 does), then cut into contiguous shards.
+
+A *unit* is what one ``forward`` call gets: an index (``batch_size`` null) or a list of up to
+``batch_size`` consecutive indices. Shards are contiguous runs of units, so every model call sees
+exactly the batch upstream ``infer()`` would give it, whatever the shard count. The shard count
+depends only on the item count and ``num_shards`` (default below), not on ``n_workers`` up to 16
+workers, so a run resumed with another worker count reuses every finished shard. Shards are coarse
+on purpose: a Prefect task costs milliseconds to tens of milliseconds on the flow side.
+
+When the dataset tells each item's cost (an optional ``lengths()``: durations, sample counts, one
+non-negative number per item), the boundaries are chosen on cumulative length instead of unit
+counts (:func:`balanced_cuts`): still contiguous, on batch boundaries, the same count, and the
+same plan for the same lengths; the lengths' fingerprint joins the stage identity, so changed
+lengths re-plan.
+
+The plan is persisted in upstream's ``manifest.json`` schema (:func:`write_manifest`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Iterator, Sequence, Union
+
+from espnet3_prefect._internal.atomic import atomic_open
+
+# Enough shards to balance load over up to 16 workers (2 per worker) and to keep a retry cheap.
+DEFAULT_MIN_SHARDS = 32
+# Upper bound on items per shard, so 1M-item sets still get retry-sized shards.
+MAX_ITEMS_PER_SHARD = 5000
+MANIFEST_VERSION = 1
+
+Unit = Union[int, list]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One unit of work: items ``start`` (inclusive) to ``stop`` (exclusive) of one test set,
+    processed as ``forward`` units of ``batch_size`` items (None: one item per call)."""
+
+    test_set: str
+    index: int
+    start: int
+    stop: int
+    batch_size: int | None = None
+    #: the shard's own dataset indices when the run is over an explicit index list (``runner(indices)``);
+    #: None when the items are ``range(start, stop)`` of the dataset (the infer stage)
+    indices: tuple | None = None
+
+    @property
+    def n_items(self) -> int:
+        return self.stop - self.start
+
+    def units(self) -> Iterator[Unit]:
+        """What each ``forward`` call gets, in order.
+
+        >>> list(Shard("t", 0, 4, 9, batch_size=2).units())
+        [[4, 5], [6, 7], [8]]
+        """
+        items = self.indices if self.indices is not None else range(self.start, self.stop)
+        if self.batch_size is None:
+            yield from items
+            return
+        for first in range(0, len(items), self.batch_size):
+            yield list(items[first:first + self.batch_size])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def n_units(n_items: int, batch_size: int | None) -> int:
+    return n_items if batch_size is None else -(-n_items // batch_size)
+
+
+def default_num_shards(n_items: int, n_workers: int, batch_size: int | None = None) -> int:
+    """Shard count when ``parallel.num_shards`` is unset (at most one shard per unit).
+
+    >>> default_num_shards(100, 2), default_num_shards(10, 2), default_num_shards(1_000_000, 4)
+    (32, 10, 200)
+    >>> default_num_shards(13, 1, batch_size=4)
+    4
+    """
+    wanted = max(DEFAULT_MIN_SHARDS, 2 * n_workers, -(-n_items // MAX_ITEMS_PER_SHARD))
+    return max(1, min(n_units(n_items, batch_size), wanted))
+
+
+def plan_shards(test_set: str, n_items: int, num_shards: int, batch_size: int | None = None,
+                indices=None, lengths: Sequence[float] | None = None) -> list[Shard]:
+    """Split the units of ``range(n_items)`` (or of the explicit ``indices`` list, positions
+    ``0..n_items``) into ``num_shards`` contiguous runs; boundaries fall on batch boundaries.
+
+    Without ``lengths`` the runs' unit counts differ by at most one. With ``lengths`` (one
+    non-negative number per item, checked by the caller) the runs have about equal total length
+    (:func:`balanced_cuts`); all-zero lengths plan as if there were none.
+
+    >>> [(s.start, s.stop) for s in plan_shards("t", 7, 3)]
+    [(0, 3), (3, 5), (5, 7)]
+    >>> [(s.start, s.stop) for s in plan_shards("t", 13, 2, batch_size=4)]
+    [(0, 8), (8, 13)]
+    >>> [(s.start, s.stop) for s in plan_shards("t", 6, 2, lengths=[1, 1, 1, 1, 1, 5])]
+    [(0, 5), (5, 6)]
+    """
+    if n_items <= 0:
+        raise ValueError(f"test set {test_set!r}: cannot plan shards for {n_items} items")
+    units = n_units(n_items, batch_size)
+    num_shards = max(1, min(num_shards, units))
+    step = batch_size or 1
+    cuts = balanced_cuts(unit_costs(lengths, n_items, step), num_shards) if lengths is not None else None
+    if cuts is None:
+        base, extra = divmod(units, num_shards)
+        cuts, edge = [0], 0
+        for index in range(num_shards):
+            edge += base + (1 if index < extra else 0)
+            cuts.append(edge)
+    shards = []
+    for index in range(num_shards):
+        start, stop = cuts[index] * step, min(cuts[index + 1] * step, n_items)
+        own = None if indices is None else tuple(int(i) for i in indices[start:stop])
+        shards.append(Shard(test_set, index, start, stop, batch_size, own))
+    return shards
+
+
+def unit_costs(lengths: Sequence[float], n_items: int, step: int):
+    """The total length of each unit (``step`` consecutive items), as float64.
+
+    >>> unit_costs([1, 2, 3, 4, 5], 5, 2).tolist()
+    [3.0, 7.0, 5.0]
+    """
+    import numpy as np
+
+    values = np.asarray(lengths, dtype=np.float64)[:n_items]
+    return np.add.reduceat(values, np.arange(0, n_items, step)) if step > 1 else values
+
+
+def balanced_cuts(costs, num_shards: int) -> list[int] | None:
+    """Unit boundaries ``[0, c1, ..., len(costs)]`` splitting ``costs`` into ``num_shards`` contiguous,
+    non-empty runs whose totals are close to ``total / num_shards``: cut ``k`` goes where the
+    cumulative cost is nearest to ``k * total / num_shards`` (the lower cut on a tie). Pure float64
+    arithmetic in a fixed order, so the same costs always give the same cuts. None when every cost
+    is zero (nothing to balance on).
+
+    >>> balanced_cuts([1, 1, 1, 1, 4], 2), balanced_cuts([4, 1, 1, 1, 1], 2), balanced_cuts([0, 0], 2)
+    ([0, 4, 5], [0, 1, 5], None)
+    """
+    import numpy as np
+
+    cumulative = np.cumsum(np.asarray(costs, dtype=np.float64))
+    units = len(cumulative)
+    total = float(cumulative[-1]) if units else 0.0
+    if total <= 0:
+        return None
+    cuts = [0]
+    for k in range(1, num_shards):
+        target = total * k / num_shards
+        after = int(np.searchsorted(cumulative, target, side="left"))  # first unit reaching the target
+        cut = after + 1  # cut after that unit ...
+        if after > 0 and target - cumulative[after - 1] <= cumulative[after] - target:
+            cut = after  # ... or before it, when that is at least as close
+        cuts.append(min(max(cut, cuts[-1] + 1), units - (num_shards - k)))
+    cuts.append(units)
+    return cuts
+
+
+def write_manifest(path: Path, output_dir: str, shard_subdir: str, shards: list[Shard]) -> None:
+    """Write ``manifest.json`` in ESPnet3 202611's schema, so upstream ``infer()`` on this folder
+    resumes exactly this plan or refuses with its own error (never merges a part of it).
+
+    The JSON is streamed (a 1M-item plan is never held as lists), byte for byte what
+    ``json.dump(data, f, ensure_ascii=False, indent=2)`` writes for the same plan.
+    """
+    with atomic_open(path, "w") as out:
+        out.write('{\n  "version": %d,\n  "output_dir": %s,\n  "shard_subdir": %s,\n  "shards": ['
+                  % (MANIFEST_VERSION, _dumps(output_dir), _dumps(shard_subdir)))
+        for position, shard in enumerate(shards):
+            out.write(",\n    {\n" if position else "\n    {\n")
+            out.write(f'      "shard_id": {shard.index},\n      "items": ')
+            _write_units(out, shard)
+            out.write("\n    }")
+        out.write("\n  ]\n}" if shards else "]\n}")
+
+
+def _write_units(out: IO[str], shard: Shard) -> None:
+    units = shard.units()
+    first = next(units, None)
+    if first is None:
+        out.write("[]")
+        return
+    out.write("[")
+    _write_unit(out, first, leading="\n        ")
+    for unit in units:
+        _write_unit(out, unit, leading=",\n        ")
+    out.write("\n      ]")
+
+
+def _write_unit(out: IO[str], unit: Unit, leading: str) -> None:
+    out.write(leading)
+    if isinstance(unit, int):
+        out.write(str(unit))
+        return
+    out.write("[\n          " + ",\n          ".join(map(str, unit)) + "\n        ]" if unit else "[]")
+
+
+def _dumps(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def read_manifest_shards(path: Path) -> list[dict] | None:
+    """The ``shards`` of a manifest, or None when absent or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    shards = data.get("shards") if isinstance(data, dict) else None
+    return shards if isinstance(shards, list) else None

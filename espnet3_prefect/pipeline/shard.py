@@ -1,0 +1,268 @@
+"""Run shard: drive a runner *class* over one shard through ESPnet3's public hooks only.
+
+Any class with a static or class-level ``forward`` works: the real ``espnet3`` runners, ours, or a
+plain class with the right methods. Where the class has upstream's ``init_state`` /
+``reduce_state`` / ``finalize_state`` they are called (a subclass may override them); otherwise
+their upstream behaviour is applied around its ``open_writers`` / ``write_record`` /
+``close_writers``. The hooks see the final ``split.N`` folder and the env upstream gives them
+(the provider env plus ``output_dir``, ``shard_subdir`` when set, and ``shard_id``).
+
+Around the hooks, and never changing what they receive: the shard lock, per-item error isolation
+(``on_error: skip`` re-runs a failing batch one item at a time), the done marker with checksums
+written last, prefetch (the next units' ``dataset[i]`` read in a background thread while ``forward``
+runs, see :mod:`espnet3_prefect.pipeline.prefetch`) and where the time goes (:class:`~.prefetch.Timing`,
+carried in the shard's summary and its marker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from espnet3_prefect.espnet3.envcall import _accepts, call_hook, call_with_env
+from espnet3_prefect.errors import ConfigError, ItemError, describe, is_retryable
+from espnet3_prefect.pipeline.layout import SHARD_LOCK_NAME, FAILURES_NAME, StageLayout
+from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
+from espnet3_prefect.pipeline.marker import remove_marker, write_marker
+from espnet3_prefect.pipeline.plan import Shard, Unit
+from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH, Prefetcher, Timing, make_view
+
+
+def run_shard(runner_cls: type, shard: Shard, env: dict, layout: StageLayout, *, on_error: str = "fail",
+              idx_key: str = "utt_id", marker: dict | None = None, flow_run_id: str | None = None,
+              allow_overwrite_lock: bool = False, log: Callable[[str], Any] | None = None,
+              prefetch: int = DEFAULT_PREFETCH) -> dict:
+    """Run ``shard`` into ``layout.shard_dir(shard.index)`` and mark it done; return a small summary.
+
+    ``marker`` is what the done marker records besides the range and checksums (fingerprint, ...).
+    ``prefetch``: units read ahead of ``forward`` (0: off). The summary and the marker carry
+    ``timing`` (see :class:`~.prefetch.Timing`).
+    """
+    shard_dir = layout.shard_dir(shard.index)
+    took_over = take_shard_lock(layout.shard_lock(shard.index), flow_run_id, allow_overwrite_lock)
+    if took_over and log:
+        log(f"{shard_dir.name}: took over its lock: {took_over}")
+    started = time.perf_counter()
+    timing = Timing()
+    try:
+        remove_marker(shard_dir)
+        _clear(shard_dir)
+        failures = drive(runner_cls, shard.units(), env, shard.index, on_error=on_error, idx_key=idx_key,
+                         prefetch=prefetch, timing=timing, log=log)
+        committing = time.perf_counter()
+        if failures:
+            (shard_dir / FAILURES_NAME).write_text("".join(json.dumps(f, sort_keys=True) + "\n" for f in failures),
+                                                   encoding="utf-8")
+        seconds = round(time.perf_counter() - started, 4)
+        record = {**(marker or {}), "test_set": shard.test_set, "index": shard.index, "start": shard.start,
+                  "stop": shard.stop, "items": shard.n_items, "failed": len(failures), "seconds": seconds,
+                  "host": socket.gethostname()}
+        timing.write_s += time.perf_counter() - committing
+        marking = time.perf_counter()
+        write_marker(shard_dir, {**record, "timing": timing.to_dict()})
+        timing.write_s += time.perf_counter() - marking  # checksums + fsyncs: in the summary, not in the marker
+    finally:
+        release_shard_lock(layout.shard_lock(shard.index))
+    seconds = round(time.perf_counter() - started, 4)
+    return {**shard.to_dict(), "items": shard.n_items, "failed": len(failures), "seconds": seconds,
+            "host": socket.gethostname(), "pid": os.getpid(), "job_id": _batch_job_id(),
+            "timing": timing.to_dict()}
+
+
+def _clear(shard_dir: Path) -> None:
+    """Empty the shard folder (a previous attempt's files must not survive into this one's marker)."""
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    for child in shard_dir.iterdir():
+        if child.name == SHARD_LOCK_NAME:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _batch_job_id() -> str | None:
+    for name in ("SLURM_JOB_ID", "JOB_ID", "PBS_JOBID", "LSB_JOBID", "OAR_JOB_ID"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def drive(runner_cls: type, units: Iterable[Unit], env: dict, shard_id: int, *, on_error: str = "fail",
+          idx_key: str = "utt_id", prefetch: int = DEFAULT_PREFETCH, timing: Timing | None = None,
+          log: Callable[[str], Any] | None = None) -> list[dict]:
+    """``init_state`` -> ``forward`` + ``reduce_state`` per unit -> ``finalize_state``.
+
+    With ``prefetch`` > 0 and a dataset that can have a view (:mod:`espnet3_prefect.pipeline.prefetch`),
+    ``forward`` gets that view as ``dataset`` while the next ``prefetch`` units are read ahead; every
+    other hook gets ``env`` as it is. ``timing`` (when given) is filled in.
+    Returns the items skipped under ``on_error: skip`` (each ``{"idx", "item", "error"}``).
+    """
+    hooks = _Hooks(runner_cls)
+    timing = timing if timing is not None else Timing()
+    failures: list[dict] = []
+    units = list(units)
+    clock = time.perf_counter
+    began = clock()
+    state = hooks.init(shard_id, env)
+    timing.write_s += clock() - began
+    prefetcher = _prefetcher(hooks.forward, env, units, prefetch, log)
+    forward_env, label_env = env, env
+    if prefetcher is not None:
+        forward_env, label_env = {**env, "dataset": prefetcher.view}, {**env, "dataset": _Peek(prefetcher)}
+        timing.prefetch = prefetch
+    try:
+        try:
+            for position, unit in enumerate(units):
+                stalled = 0.0
+                if prefetcher is not None:
+                    prefetcher.advance(position)
+                    stalled = prefetcher.inline_wait_s
+                began = clock()
+                results = _forward(hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env)
+                reduced = clock()
+                timing.forward_s += reduced - began - (prefetcher.inline_wait_s - stalled if prefetcher else 0.0)
+                for result in results:
+                    state = hooks.reduce(state, result, shard_id, env)
+                timing.write_s += clock() - reduced
+        finally:
+            if prefetcher is not None:
+                prefetcher.close()
+                timing.load_s, timing.wait_s = prefetcher.load_s, prefetcher.stall_s
+    except BaseException:
+        _close_quietly(state.get("_writers") if isinstance(state, dict) else None)
+        raise
+    began = clock()
+    hooks.finalize(state, shard_id, env)
+    timing.write_s += clock() - began
+    return failures
+
+
+def _prefetcher(forward: Callable, env: dict, units: list, depth: int,
+                log: Callable[[str], Any] | None) -> Prefetcher | None:
+    """A prefetcher when it is on, ``forward`` takes ``dataset`` and the env's dataset can have a view."""
+    if depth <= 0 or len(units) < 2 or "dataset" not in env:
+        return None
+    try:
+        names, takes_all = _accepts(forward)
+    except (TypeError, ValueError):
+        return None
+    if not takes_all and "dataset" not in names:
+        return None
+    view = make_view(env["dataset"])
+    return None if view is None else Prefetcher(env["dataset"], units, depth, view, warn=log)
+
+
+class _Peek:
+    """``dataset[i]`` for error labels, serialized with the prefetch thread's reads."""
+
+    def __init__(self, prefetcher: Prefetcher):
+        self._prefetcher = prefetcher
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._prefetcher.peek(key)
+
+
+class _Hooks:
+    """The class's own state hooks when it has them, else upstream's behaviour over its writer hooks."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.forward = cls.forward  # bound once (a classmethod makes a new object on every access)
+        self._init = getattr(cls, "init_state", None)
+        self._reduce = getattr(cls, "reduce_state", None)
+        self._finalize = getattr(cls, "finalize_state", None)
+
+    def init(self, shard_id: int, env: dict) -> dict:
+        if self._init is not None:
+            return call_hook(self._init, env=env, shard_id=shard_id)
+        rest = {k: v for k, v in env.items() if k not in ("output_dir", "shard_subdir")}
+        shard_dir = StageLayout(Path(env["output_dir"]), env.get("shard_subdir", "")).shard_dir(shard_id)
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        writers = _optional_hook(self.cls, "open_writers", {}, shard_dir, env=rest, shard_id=shard_id,
+                                 output_dir=env["output_dir"], shard_subdir=env.get("shard_subdir", ""))
+        return {"shard_id": shard_id, "shard_dir": str(shard_dir), "_writers": writers, "records": []}
+
+    def reduce(self, state: dict, result: Any, shard_id: int, env: dict) -> dict:
+        if self._reduce is not None:
+            return call_hook(self._reduce, state, result, env=env, shard_id=shard_id)
+        write = getattr(self.cls, "write_record", None)
+        if write is None:
+            state.setdefault("records", []).append(result)
+        else:
+            call_hook(write, state["_writers"], result, state, env=env, shard_id=shard_id)
+        return state
+
+    def finalize(self, state: dict, shard_id: int, env: dict) -> dict:
+        if self._finalize is not None:
+            return call_hook(self._finalize, state, env=env, shard_id=shard_id)
+        writers = state.get("_writers", {})
+        meta = _optional_hook(self.cls, "close_writers", None, writers, state, env=env, shard_id=shard_id)
+        if meta is None and getattr(self.cls, "close_writers", None) is None:
+            _close_quietly(writers)
+        if meta:
+            state.update(meta)
+        state.pop("_writers", None)
+        return state
+
+
+def _optional_hook(cls: type, name: str, default: Any, *args: Any, env: dict, **explicit: Any) -> Any:
+    fn = getattr(cls, name, None)
+    return default if fn is None else call_hook(fn, *args, env=env, **explicit)
+
+
+def _close_quietly(writers: Any) -> None:
+    """After a failure: close file handles the hooks opened, without calling ``close_writers``."""
+    if isinstance(writers, dict):
+        for writer in writers.values():
+            close = getattr(writer, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - the original failure is what the user needs to see
+                    pass
+
+
+def _forward(forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str,
+             label_env: dict | None = None) -> list:
+    """``[result]`` for one unit; under ``on_error: skip`` a failing batch is retried item by item
+    (as one-item batches, the shape ``forward`` expects) and failing items are left out.
+    ``label_env``: where error messages read the utterance ids (default ``env``)."""
+    label_env = env if label_env is None else label_env
+    try:
+        return [call_with_env(forward, unit, env=env)]
+    except ConfigError:
+        raise
+    except Exception as exc:
+        if on_error != "skip":
+            raise ItemError(f"{unit_label(unit, label_env, idx_key)}: {describe(exc)}",
+                            retryable=is_retryable(exc)) from exc
+        if isinstance(unit, list) and len(unit) > 1:
+            return [r for i in unit for r in _forward(forward, [i], env, on_error, failures, idx_key, label_env)]
+        index = unit[0] if isinstance(unit, list) else unit
+        failures.append({"idx": index, "item": unit_label(unit, label_env, idx_key), "error": describe(exc)})
+        return []
+
+
+def unit_label(unit: Unit, env: dict, idx_key: str = "utt_id") -> str:
+    """``item 7 (utt_id='u7')``, ``items 8..11 (utt_id 'u8'..'u11')``, or without ids when the
+    dataset cannot tell them."""
+    indices = unit if isinstance(unit, list) else [unit]
+    ids = [_utt_id(env, i, idx_key) for i in (indices[0], indices[-1])]
+    if len(indices) == 1:
+        return f"item {indices[0]}" + (f" ({idx_key}={ids[0]!r})" if ids[0] is not None else "")
+    span = f"items {indices[0]}..{indices[-1]}"
+    return span + (f" ({idx_key} {ids[0]!r}..{ids[1]!r})" if None not in ids else "")
+
+
+def _utt_id(env: dict, index: int, idx_key: str) -> Any:
+    try:
+        item = env["dataset"][index]
+        return item.get(idx_key) if isinstance(item, dict) else None
+    except Exception:  # noqa: BLE001 - a label is best effort; the item itself may be what fails
+        return None

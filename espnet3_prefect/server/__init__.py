@@ -1,0 +1,4 @@
+"""The Prefect server a run talks to: the embedded one (``embedded``), the ones left running
+(``registry``), its services (``services``), port (``port``), listen address (``host``), basic auth
+(``auth``), HTTPS certificate (``https``) and launcher (``serve``), its state folder (``state_home``),
+links to recorded runs (``run_links``) and deployment steps for ``prefect.yaml`` (``deploy_steps``)."""
