@@ -75,7 +75,7 @@ class ServerMeter:
 
 def worker_start(n_workers: int, fork: bool) -> dict:
     from espnet3_prefect.execution.cluster import open_task_runner
-    from espnet3_prefect.flows.dispatch import WORKER_PRELOAD
+    from espnet3_prefect.flows.dispatch import TASK_PRELOAD
     from espnet3_prefect.execution.spec import ParallelSpec
 
     extra = {}
@@ -88,7 +88,7 @@ def worker_start(n_workers: int, fork: bool) -> dict:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, \
             open_task_runner(spec, log_root=Path(tmp), logger=logging.getLogger("bench"),
-                             worker_preload=WORKER_PRELOAD, **extra) as runner:
+                             worker_preload=TASK_PRELOAD, **extra) as runner:
         runner.client.wait_for_workers(n_workers)
         wall = time.perf_counter() - started
         cpu = sum(tree_cpu_s(child.pid) for child in psutil.Process().children())

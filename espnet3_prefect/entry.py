@@ -120,9 +120,9 @@ def call_runner(runner: Any, indices: Iterable[int]) -> Any:
     config = active_parallel_config()
     _main_guard("runner(indices)", None if config is None else (config.get("env") or "local"))
     if config is None:
-        from espnet3_prefect.pipeline.in_process import run_runner
+        from espnet3_prefect.pipeline.in_process import run_in_process
 
-        return run_runner(runner, indices)
+        return run_in_process(runner, indices)
     return run(runner, indices, parallel=config)
 
 

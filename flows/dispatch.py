@@ -1,41 +1,99 @@
-"""The flow side of running shards, shared by every flow that drives a runner (``infer``, ``run-runner``).
+"""The flows' executor of the pipeline driver: the steps of a stage as Prefect tasks on the flow's
+``DaskTaskRunner`` (:class:`DaskExecutor`), shared by ``infer`` and ``run-runner``.
 
-:data:`WORKER_PRELOAD` names the Dask preload that imports the tasks in each worker as it starts;
-:func:`run_shards` submits one ``run-shard`` task per shard to the flow's ``DaskTaskRunner`` and books
-them as they finish (progress bar + artifact, counts, one line per failed shard); :func:`forget_env`
-drops a stage's env from the workers; :func:`take_run_lock` takes a folder's run lock and marks the
-flow run of a killed earlier holder Crashed.
+:data:`TASK_PRELOAD` names the Dask preload that imports the tasks in each worker as it starts;
+:func:`run_shards` submits one ``run-shard`` task per shard and books them as they finish (progress
+bar + artifact, counts, one line per failed shard); :func:`take_run_lock` takes a folder's run lock
+and marks the flow run of a killed earlier holder Crashed.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from espnet3_prefect.errors import Espnet3PrefectError, describe, is_retryable
+from espnet3_prefect.execution.run_states import mark_flow_run_crashed, mark_task_run_crashed
 from espnet3_prefect.pipeline.lock import RunLock, acquire
 from espnet3_prefect.pipeline.plan import Shard
 from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
-from espnet3_prefect.execution.run_states import mark_flow_run_crashed, mark_task_run_crashed
+from espnet3_prefect.pipeline.stage import Stage
+from espnet3_prefect.pipeline.summary import ShardOutcome
 from espnet3_prefect.tasks import preload
+from espnet3_prefect.tasks.build_env import build_env
+from espnet3_prefect.tasks.merge_shards import merge_shards
 
-#: what every worker imports while it starts (``open_task_runner(..., worker_preload=WORKER_PRELOAD)``)
-WORKER_PRELOAD = (preload.__name__,)
+#: what every worker imports while it starts (``open_task_runner(..., worker_preload=TASK_PRELOAD)``)
+TASK_PRELOAD = (preload.__name__,)
 #: what the fork server of ``env: local`` imports once for all local workers (``forkserver_preload=``)
 #: (named, not imported: importing it runs the warm-up, which belongs in the fork server only)
 FORKSERVER_PRELOAD = ("espnet3_prefect.tasks.forkserver_warm",)
 
 
+class DaskExecutor:
+    """The driver's steps on a ``DaskTaskRunner``: ``build-env`` and ``run-shard`` tasks submitted to it,
+    ``merge`` as a task on the driver. ``open_runner`` opens the task runner (a context manager); it is
+    called the first time a step needs it, so a stage with nothing to run starts no cluster, and the
+    cluster stays up, for the next stage too, until :meth:`close`. ``infer`` is the infer stage (its
+    merge is recorded, its env sized from the dataset); else a runner job named ``what``.
+    """
+
+    def __init__(self, open_runner: Callable[[], Any], log, *, infer: bool, what: str | None = None,
+                 before_start: Callable[[], None] | None = None, make_builder: Callable[[], Any] | None = None):
+        self._open_runner, self._before_start, self._make_builder = open_runner, before_start, make_builder
+        self._stack = contextlib.ExitStack()
+        self.runner = None
+        self.log, self.records_merge, self.what = log, infer, what
+        self.kind = "infer" if infer else "run-runner"
+
+    def _task_runner(self):
+        if self.runner is None:
+            if self._before_start is not None:
+                self._before_start()
+            self.runner = self._stack.enter_context(self._open_runner())
+        return self.runner
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> DaskExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.__exit__(*exc)
+
+    def build_env(self, stage: Stage) -> dict:
+        builder = stage.builder if stage.builder is not None else self._make_builder()
+        return self._task_runner().submit(build_env, {"work": stage.work, "builder": builder,
+                                                      "sized": self.records_merge}).result()
+
+    def run_shards(self, stage: Stage, shards: list[Shard], redo: dict[int, bool]) -> ShardOutcome:
+        return run_shards(self._task_runner(), stage, shards, redo, what=self.what, kind=self.kind)
+
+    def merge(self, stage: Stage, shards: list[Shard], n_items: int) -> tuple[Any, dict[str, str]]:
+        return merge_shards(stage, shards, n_items, record=self.records_merge, what=self.what)
+
+    def forget_env(self, stage: Stage) -> None:
+        """Drop the stage's env on every worker (frees the model before the next stage)."""
+        if self.runner is None:
+            return
+        try:
+            self.runner.client.unregister_worker_plugin(f"espnet3-env-{stage.work.env_key}")
+        except Exception:  # noqa: BLE001 - best effort: a worker that left has nothing to free
+            pass
+
+
 def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, what: str | None = None,
-               kind: str = "infer") -> dict:
+               kind: str = "infer") -> ShardOutcome:
     """Submit every shard and book them as they finish. The first failure that a retry cannot fix
     (bad input, bad config) stops the stage at once; other failures (a worker that keeps dying,
     retries exhausted) let the remaining shards finish, so their work is kept, then fail it.
 
     ``what`` names the stage in errors (default ``test set '<name>'``); ``kind`` heads the progress
-    artifact's description. Returns ``{"run", "cached", "failed", "jobs", "timing"}``; ``timing``
-    sums the shards run (:func:`espnet3_prefect.pipeline.report.add_timing`) and adds ``busy_s`` (their
-    seconds) and ``wall_s`` (first submission to last result).
+    artifact's description. The outcome's ``timing`` sums the shards run
+    (:func:`espnet3_prefect.pipeline.report.add_timing`) and adds ``busy_s`` (their seconds) and
+    ``wall_s`` (first submission to last result).
     """
     import time
 
@@ -53,7 +111,7 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
                                       retries=stage.retries, retry_delay_seconds=list(stage.retry_delay_s))
         future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]})
         pending[future.wrapped_future.key] = (future, shard)
-    counts: dict[str, Any] = {"run": 0, "cached": 0, "failed": 0, "jobs": set(), "timing": empty_timing()}
+    outcome = ShardOutcome(timing=empty_timing())
     failures = []
     for done in as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop):
         future, shard = pending.pop(done.key)
@@ -68,17 +126,19 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
             failures.append(line)
             continue
         cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
-        counts["cached" if cached else "run"] += 1
-        counts["failed"] += result.get("failed", 0)
-        if not cached:
-            add_timing(counts["timing"], result)
-        if result.get("job_id") and not cached:
-            counts["jobs"].add(result["job_id"])
+        if cached:
+            outcome.cached += 1
+        else:
+            outcome.run += 1
+            add_timing(outcome.timing, result)
+            if result.get("job_id"):
+                outcome.jobs.add(result["job_id"])
+        outcome.failed += result.get("failed", 0)
         progress.advance(shard.n_items)
-    counts["timing"]["wall_s"] = round(time.perf_counter() - submitted, 4)
+    outcome.timing["wall_s"] = round(time.perf_counter() - submitted, 4)
     if failures:
         raise Espnet3PrefectError(f"{what}: {len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
-    return counts
+    return outcome
 
 
 def shard_where(shard: Shard) -> str:
@@ -108,14 +168,6 @@ def shard_failure(future, shard: Shard, exc: Exception) -> str:
                               name=f"run-shard-{shard.test_set}-{shard.index}", flow_run_id=flow_run.id)
         return message
     return f"{where}: {describe(exc)}"
-
-
-def forget_env(runner, env_key: str) -> None:
-    """Drop the env ``env_key`` on every worker (frees the model before the next stage)."""
-    try:
-        runner.client.unregister_worker_plugin(f"espnet3-env-{env_key}")
-    except Exception:  # noqa: BLE001 - best effort: a worker that left has nothing to free
-        pass
 
 
 def take_run_lock(folder: Path, logger) -> RunLock:

@@ -1,7 +1,5 @@
-"""Prefect tasks, one file per step: build_env, run_shard (marks each shard done), merge (infer); score (metrics)."""
-
-import prefect.main  # noqa: E402,F401 - Prefect's logging set up, so its console handler exists
-
-from espnet3_prefect.pipeline.report import quiet_console  # noqa: E402
-
-quiet_console()  # one terminal line per shard, in every process that runs our tasks
+"""Prefect tasks, one file per step, each a decorator and a call into the pipeline: ``build_env`` (the
+provider env on every worker), ``run_shard`` (one shard, marked done), ``merge_shards`` (the runner's
+merge, on the driver); ``score`` (metrics). Importing them has no side effect; ``preload`` is the Dask
+worker preload that imports them as a worker starts, ``forkserver_warm`` the same once for the fork
+server local workers are forked from."""

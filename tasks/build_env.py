@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
+from espnet3_prefect.pipeline.report import quiet_console
 from espnet3_prefect.errors import BadInputError, ConfigError, is_retryable
 from espnet3_prefect.pipeline.sizing import check_input_keys, dataset_id
 from espnet3_prefect.pipeline.env import EnvPlugin, get_env
@@ -19,15 +21,21 @@ def retry_if_it_can_help(task, task_run, state) -> bool:
 
 
 @task(name="build-env", task_run_name="build-env-{work.test_set}", retries=1, retry_delay_seconds=2,
-      retry_condition_fn=retry_if_it_can_help)
-def build_env(work, builder) -> dict:
-    """Register an :class:`EnvPlugin` (every worker builds the env, in a thread) and size the dataset.
+      retry_condition_fn=retry_if_it_can_help, cache_policy=NO_CACHE)
+def build_env(work, builder, sized: bool = True) -> dict:
+    """Register an :class:`EnvPlugin` (every worker builds the env, in a thread) and, when ``sized``,
+    size the dataset.
 
     Returns ``{"n_items": len(dataset), "workers": n, "dataset_id": ...}``: the plan needs the
-    dataset length, and the driver never builds the dataset or the model itself.
+    dataset length, and the driver never builds the dataset or the model itself. Unsized (a runner
+    over an index list, whose env need not hold a dataset): ``{"workers": n, "keys": [env keys]}``.
     """
+    quiet_console()  # one terminal line per shard in the process that runs it
     logger = get_run_logger()
     env, workers = register_env(work, builder)
+    if not sized:
+        logger.info("env %s built on %d worker(s): %s", work.env_key, workers, ", ".join(sorted(env)) or "(empty)")
+        return {"workers": workers, "keys": sorted(env)}
     if "dataset" not in env:
         raise ConfigError(f"provider: its env has no 'dataset' entry (it has: {', '.join(sorted(env))}); "
                           f"the infer stage needs len(dataset)")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from espnet3_prefect.pipeline.report import quiet_console
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.pipeline.marker import check_marker, read_marker
 from espnet3_prefect.pipeline.plan import Shard
-from espnet3_prefect.pipeline.shard import run_shard as run_shard_hooks
+from espnet3_prefect.pipeline.shard import process_shard
 from espnet3_prefect.pipeline.env import get_env
 
 from espnet3_prefect.tasks.build_env import retry_if_it_can_help
@@ -52,6 +53,7 @@ def run_shard(work, shard: dict, force: bool = False) -> dict:
     """
     from prefect.runtime import flow_run
 
+    quiet_console()  # one terminal line per shard in the process that runs it
     logger = get_run_logger()
     shard_dir = work.layout.shard_dir(shard["index"])
     marker = read_marker(shard_dir)
@@ -64,7 +66,7 @@ def run_shard(work, shard: dict, force: bool = False) -> dict:
         return {**marker, "reused": True}
     env = get_env(work.env_key, _worker_builder(work))
     _same_folder(work, env)
-    result = run_shard_hooks(
+    result = process_shard(
         work.runner_cls, Shard(**shard), env, work.layout, on_error=work.on_error, idx_key=work.idx_key,
         marker={"fingerprint": work.fingerprint, "identity": work.identity, "flow_run_id": run_id},
         flow_run_id=run_id, allow_overwrite_lock=work.allow_overwrite_lock, log=logger.warning,

@@ -29,11 +29,11 @@ def _deployment_name(name: str) -> str:
 
 def run_detach(args: argparse.Namespace) -> int:
     from espnet3_prefect.config.load import load_config_input
-    from espnet3_prefect.pipeline.stage import prepare_stages
+    from espnet3_prefect.pipeline.stage import build_stages
     from espnet3_prefect.cli.stages import infer_input
 
     config, overrides = infer_input(args)  # in an ESPnet3 recipe: the launcher's config, resolved
-    prepare_stages(load_config_input(config, overrides))  # fail here, not in the worker
+    build_stages(load_config_input(config, overrides))  # fail here, not in the worker
     from espnet3_prefect.server.registry import find_api
 
     creds = find_api(args.state_dir)

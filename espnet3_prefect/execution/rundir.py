@@ -1,4 +1,5 @@
-"""Where a flow run works: deployments run flows from the project root; ``workdir`` moves them.
+"""Where a flow run works: deployments run flows from the project root; ``workdir`` moves them; the
+output folders it writes must be writable, with room (:func:`check_writable`).
 
 ``espnet3-prefect infer --detach`` passes the submitting shell's folder, so relative config paths
 (``exp_dir: exp/...``) and recipe modules (``src.inference.MyProvider``) resolve as they would in a
@@ -10,12 +11,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import shutil
 import signal
 import sys
 import threading
+import uuid
 from pathlib import Path
 
-from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.errors import ConfigError, one_line
 from espnet3_prefect._internal.util import as_list, put_on_pythonpath
 
 __all__ = ["as_list", "enter_workdir"]
@@ -51,3 +54,19 @@ def preload_on_main_thread() -> None:
     handler = signal.getsignal(signal.SIGINT)
     importlib.import_module("dask_jobqueue")
     signal.signal(signal.SIGINT, handler)
+
+
+def check_writable(out_dir: Path, min_free_mb: float = 0.0, key: str = "inference_dir") -> None:
+    """Fail before any compute when the output folder cannot be written or its disk is (nearly) full
+    (``key`` names the setting in the message)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write-probe-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot write to {out_dir}: {exc.strerror or one_line(exc)}") from None
+    free_mb = shutil.disk_usage(out_dir).free / 1e6
+    if free_mb < min_free_mb:
+        raise ConfigError(f"{key}: only {free_mb:.0f} MB free on {out_dir}, runner.min_free_mb asks "
+                          f"for {min_free_mb:.0f} MB")

@@ -34,7 +34,7 @@ from espnet3_prefect.pipeline.layout import METRICS_RECORD_NAME
 from espnet3_prefect.metrics.stage import MetricSpec, MetricsPlan, metrics_json  # MetricSpec: for the example above
 from espnet3_prefect.pipeline.resume import all_complete
 from espnet3_prefect.pipeline.sizing import code_identity
-from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.pipeline.stage import build_stages
 
 RECORD_VERSION = 1
 
@@ -95,7 +95,7 @@ def _inference_records(plan: MetricsPlan) -> dict | None:
     if plan.inference_config is None:
         return None
     try:
-        _, stages = prepare_stages(plan.inference_config)
+        _, stages = build_stages(plan.inference_config)
     except ConfigError:  # e.g. an inference config that only defines the test sets: nothing to vouch with
         return None
     stages = [s for s in stages if s.test_set in test_sets]

@@ -1,4 +1,5 @@
-"""Merge: the runner's ``merge(shard_dirs)`` runs on the driver; we record what it wrote.
+"""Merge: the runner's ``merge(shard_dirs)`` runs on the driver (:func:`merge_stage`, once every shard
+is done and too few items were skipped); we record what it wrote.
 
 Which files a merge produced is found by comparing the output folder before and after it (a
 recipe's ``merge`` may return None, True, a dict or anything), and recorded with their checksums in
@@ -11,11 +12,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from espnet3_prefect._internal.atomic import atomic_open, atomic_write_text, file_digest
-from espnet3_prefect.pipeline.layout import FAILURES_NAME, MANIFEST_NAME, StageLayout, shard_index
+from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.pipeline.layout import DONE_NAME, FAILURES_NAME, MANIFEST_NAME, StageLayout, shard_index
+from espnet3_prefect.pipeline.marker import read_marker
 
 
 def concat_files(parts: Sequence[Path], dest: Path) -> Path:
@@ -113,3 +117,63 @@ def remove_merged(layout: StageLayout) -> list[str]:
             removed.append(rel)
     layout.merged_record.unlink(missing_ok=True)
     return removed
+
+
+def ready_to_merge(stage, shards: list, n_items: int, log_warning: Callable[..., Any],
+                   what: str | None = None) -> tuple[list[Path], int]:
+    """The shard folders to merge, in plan order, and the count of skipped items; fails when a shard
+    is not done or too many items were skipped (``failures.jsonl`` gathered first)."""
+    what = what or f"test set {stage.test_set!r}"
+    layout = stage.layout
+    dirs = [layout.shard_dir(s.index) for s in shards]
+    missing = [d.name for d in dirs if not (d / DONE_NAME).is_file()]
+    if missing:
+        raise Espnet3PrefectError(f"{what}: cannot merge, not done: {', '.join(missing[:10])}")
+    failed = skipped_items(dirs)
+    _gather_failures(layout, dirs)
+    if failed:
+        log_warning("%s: %d of %d items failed and were skipped; listed in %s", stage.test_set, failed, n_items,
+                    layout.failures)
+    if n_items and failed / n_items > stage.max_failed_ratio:
+        raise Espnet3PrefectError(
+            f"{what}: {failed} of {n_items} items failed ({100 * failed / n_items:.1f}%), above "
+            f"runner.max_failed_ratio {stage.max_failed_ratio}; see {layout.failures}")
+    return dirs, failed
+
+
+def skipped_items(shard_dirs: list[Path]) -> int:
+    """The items the shards' done markers record as skipped (``on_error: skip``)."""
+    return sum((read_marker(d) or {}).get("failed", 0) for d in shard_dirs)
+
+
+def _gather_failures(layout: StageLayout, dirs: list[Path]) -> None:
+    """Concatenate the shards' failure lists into ``<test>/failures.jsonl`` (or remove a stale one)."""
+    parts = [d / FAILURES_NAME for d in dirs if (d / FAILURES_NAME).is_file()]
+    if parts:
+        concat_files(parts, layout.failures)
+    else:
+        layout.failures.unlink(missing_ok=True)
+
+
+def merge_stage(stage, shards: list, n_items: int, *, record: bool, log: Any,
+                what: str | None = None) -> tuple[Any, dict[str, str]]:
+    """Merge ``shards`` (in plan order) with ``stage.runner.merge`` on this process; returns what that
+    ``merge`` returned and the merged outputs by name. ``record``: write the commit record of a finished
+    test set (``.merged.json``: the outputs the merge wrote, with checksums), as the infer stage does;
+    a runner's own folder (``run-runner``) is not recorded. ``log`` is a logger."""
+    layout = stage.layout
+    dirs, failed = ready_to_merge(stage, shards, n_items, log.warning, what=what)
+    started = time.perf_counter()
+    if not record:
+        result = stage.runner.merge(dirs)
+        log.info("merged %d shards of %s in %.2f s", len(dirs), layout.root, time.perf_counter() - started)
+        return result, {}
+    before = snapshot(layout.output_dir)
+    result = stage.runner.merge(dirs)
+    outputs = written_since(layout.output_dir, before)
+    written = write_merged_record(layout, {
+        "fingerprint": stage.work.fingerprint, "identity_fingerprint": stage.identity_fingerprint,
+        "n_items": n_items, "num_shards": len(dirs), "failed": failed}, outputs)
+    log.info("merged %d shards into %s in %.2f s: %s", len(dirs), layout.output_dir,
+             time.perf_counter() - started, ", ".join(written["outputs"]) or "no files")
+    return result, {**written["outputs"], **({"failures": str(layout.failures)} if failed else {})}

@@ -19,6 +19,7 @@ from espnet3_prefect.pipeline.merge import merged_outputs_intact, read_merged_re
 from espnet3_prefect.pipeline.plan import Shard, default_num_shards, plan_shards
 from espnet3_prefect.pipeline.sizing import Sizing
 from espnet3_prefect.pipeline.stage import Stage
+from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary
 
 
 def shards_to_redo(stage: Stage, shards: list[Shard], log: Callable[[str], None]) -> dict[int, bool]:
@@ -50,7 +51,7 @@ def remove_stale(layout: StageLayout, n_shards: int) -> list[str]:
     return removed
 
 
-def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[dict | None, str]:
+def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[StageSummary | None, str]:
     """``(summary, "")`` for a test set that needs no work, else ``(None, why)``; no cluster needed.
 
     Needs: resume on, a merge record for this config+code, the dataset (``sizing``: built on the
@@ -81,9 +82,9 @@ def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[dict | None, 
     reason = merged_outputs_intact(stage.layout, record)
     if reason is not None:
         return None, reason
-    return {"test_set": stage.test_set, "shards": len(shards), "items": n_items, "shards_run": 0,
-            "shards_cached": len(shards), "failed": record.get("failed", 0), "outputs": record.get("outputs", {}),
-            "seconds": time.perf_counter() - started, "workers": 0}, ""
+    outcome = ShardOutcome(cached=len(shards), failed=record.get("failed", 0))
+    return StageSummary.of(stage.test_set, shards, n_items, outcome, seconds=time.perf_counter() - started,
+                           outputs=record.get("outputs", {})), ""
 
 
 def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:
@@ -113,5 +114,5 @@ def all_complete(stages: list[Stage]) -> list[dict] | None:
         summary, _ = already_complete(stage, sizing)
         if summary is None:
             return None
-        summaries.append(summary)
+        summaries.append(summary.to_dict())
     return summaries

@@ -4,7 +4,7 @@ ESPnet3's developer-facing pattern (data preparation, feature extraction, statis
 kernel over indices") is: build a provider and a runner, register the ``parallel`` block once, call
 ``runner(range(len(dataset)))``. Here the same call runs
 
-* in this process when no block is registered (:func:`espnet3_prefect.pipeline.in_process.run_runner`, as upstream's
+* in this process when no block is registered (:func:`espnet3_prefect.pipeline.in_process.run_in_process`, as upstream's
   local mode), or
 * as a run of the flow ``run-runner`` (named after the runner class in the UI) whose shard tasks run on
   the ``DaskTaskRunner`` built from the block: the env built once per worker, retries, done markers,

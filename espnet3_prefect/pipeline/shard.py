@@ -33,7 +33,7 @@ from espnet3_prefect.pipeline.plan import Shard, Unit
 from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH, Prefetcher, Timing, make_view
 
 
-def run_shard(runner_cls: type, shard: Shard, env: dict, layout: StageLayout, *, on_error: str = "fail",
+def process_shard(runner_cls: type, shard: Shard, env: dict, layout: StageLayout, *, on_error: str = "fail",
               idx_key: str = "utt_id", marker: dict | None = None, flow_run_id: str | None = None,
               allow_overwrite_lock: bool = False, log: Callable[[str], Any] | None = None,
               prefetch: int = DEFAULT_PREFETCH) -> dict:

@@ -14,7 +14,7 @@ from distributed.comm.core import CommClosedError
 
 from espnet3_prefect.execution.backends import forkserver
 from espnet3_prefect.execution.cluster import open_task_runner
-from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, WORKER_PRELOAD
+from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, TASK_PRELOAD
 from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.tasks import preload
 
@@ -30,7 +30,7 @@ def _runner(tmp_path, n_workers: int, **options):
     spec = ParallelSpec.from_config({"env": "local", "n_workers": n_workers,
                                      "options": {"dashboard_address": None, **options}})
     return open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test"),
-                            worker_preload=WORKER_PRELOAD, forkserver_preload=FORKSERVER_PRELOAD)
+                            worker_preload=TASK_PRELOAD, forkserver_preload=FORKSERVER_PRELOAD)
 
 
 def _state(dask_worker) -> dict:

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from espnet3_prefect.execution.cluster import open_task_runner
-from espnet3_prefect.flows.dispatch import WORKER_PRELOAD
+from espnet3_prefect.flows.dispatch import TASK_PRELOAD
 from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.tasks import preload
 
@@ -21,7 +21,7 @@ def _worker_state(dask_worker) -> dict:
 def test_every_local_worker_has_the_task_modules_before_any_task(tmp_path):
     spec = ParallelSpec.from_config({"env": "local", "n_workers": 2, "options": {"dashboard_address": None}})
     with open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test"),
-                          worker_preload=WORKER_PRELOAD) as runner:
+                          worker_preload=TASK_PRELOAD) as runner:
         states = runner.client.run(_worker_state)  # out of band: no task has run on any worker
     assert len(states) == 2
     for state in states.values():

@@ -11,7 +11,7 @@ from espnet3_prefect import BadInputError, load_config
 from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.plan import default_num_shards, plan_shards
 from espnet3_prefect.pipeline.resume import plan_for
-from espnet3_prefect.pipeline.shard import run_shard
+from espnet3_prefect.pipeline.shard import process_shard
 from espnet3_prefect.pipeline.sizing import dataset_lengths, size_on_driver
 from espnet3_prefect.pipeline.stage import prepare_stages
 from tests.conftest import toy_config, write_yaml
@@ -144,7 +144,7 @@ def test_outputs_are_identical_with_balanced_and_equal_shards(tmp_path):
                         ("balanced", plan_shards("test_a", 30, 4, 2, lengths=lengths))):
         layout = StageLayout(tmp_path / label / "test_a")
         for shard in plan:
-            run_shard(stage.work.runner_cls, shard, {**env, "output_dir": str(layout.output_dir)}, layout)
+            process_shard(stage.work.runner_cls, shard, {**env, "output_dir": str(layout.output_dir)}, layout)
         concat_files([layout.shard_dir(s.index) / "y.scp" for s in plan], layout.output_dir / "y.scp")
         outputs.append((layout.output_dir / "y.scp").read_bytes())
     assert outputs[0] == outputs[1]

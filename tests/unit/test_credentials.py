@@ -20,7 +20,7 @@ from espnet3_prefect.execution.backends.base import exported_environment
 from espnet3_prefect.execution.backends.preview import render_job_script
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect._internal.util import CLIENT_FILE_VAR, WORKER_PRELOAD
+from espnet3_prefect._internal.util import CLIENT_FILE_VAR, CLIENT_FILE_PRELOAD
 
 SECRET = "espnet3:unit-test-secret-0123456789"
 
@@ -104,7 +104,7 @@ def test_job_script_gets_the_file_path_and_the_preload_never_the_credential():
     kwargs = cluster_kwargs(spec, job_name="e3p-x", log_directory="/tmp/logs", environ=ENVIRON)
     script = render_job_script(backends_class("slurm"), kwargs)
     assert f"export {CLIENT_FILE_VAR}={ENVIRON[CLIENT_FILE_VAR]}" in script
-    assert f"--preload {WORKER_PRELOAD}" in script
+    assert f"--preload {CLIENT_FILE_PRELOAD}" in script
     assert SECRET not in script and "PREFECT_API_URL" not in script
 
 
@@ -128,7 +128,7 @@ def test_queue_commands_run_without_the_credential(monkeypatch):
 def test_ssh_workers_preload_and_get_only_the_path():
     spec = ParallelSpec.from_config({"env": "ssh", "n_workers": 1, "options": {"hosts": ["127.0.0.1", "127.0.0.1"]}})
     kwargs = cluster_kwargs(spec, environ=ENVIRON)
-    assert kwargs["worker_options"]["preload"] == [WORKER_PRELOAD]
+    assert kwargs["worker_options"]["preload"] == [CLIENT_FILE_PRELOAD]
     assert ENVIRON[CLIENT_FILE_VAR] in kwargs["remote_python"] and SECRET not in str(kwargs)
 
 
@@ -148,7 +148,7 @@ def _preload(tmp_path, path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     if path is not None:
         env[CLIENT_FILE_VAR] = str(path)
-    code = f"import {WORKER_PRELOAD}, os; print(os.environ['PREFECT_API_URL'])"
+    code = f"import {CLIENT_FILE_PRELOAD}, os; print(os.environ['PREFECT_API_URL'])"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -13,7 +13,7 @@ from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.marker import read_marker
 from espnet3_prefect.pipeline.plan import plan_shards
 from espnet3_prefect.pipeline.prefetch import Timing, check_prefetch, make_view
-from espnet3_prefect.pipeline.shard import drive, run_shard
+from espnet3_prefect.pipeline.shard import drive, process_shard
 
 
 class Recordings:
@@ -200,7 +200,7 @@ def test_timing_splits_loading_forward_and_writing_and_lands_in_the_marker(tmp_p
     layout = StageLayout(tmp_path / "test_a")
     dataset = Recordings(6, delay_s=0.02)
     [shard] = plan_shards("test_a", 6, 1, batch_size=2)
-    summary = run_shard(RecordingRunner, shard, _env(layout.output_dir, dataset), layout, prefetch=2)
+    summary = process_shard(RecordingRunner, shard, _env(layout.output_dir, dataset), layout, prefetch=2)
     timing = summary["timing"]
     assert set(timing) == {"load_s", "wait_s", "forward_s", "write_s", "prefetch"}
     assert timing["prefetch"] == 2 and timing["load_s"] >= 6 * 0.02 * 0.9
@@ -208,7 +208,7 @@ def test_timing_splits_loading_forward_and_writing_and_lands_in_the_marker(tmp_p
     assert timing["wait_s"] <= summary["seconds"]
     marker = read_marker(layout.shard_dir(0))
     assert marker["timing"]["load_s"] == timing["load_s"]
-    off = run_shard(RecordingRunner, shard, _env(layout.output_dir, Recordings(6)), layout, prefetch=0)
+    off = process_shard(RecordingRunner, shard, _env(layout.output_dir, Recordings(6)), layout, prefetch=0)
     assert off["timing"]["load_s"] is None and off["timing"]["prefetch"] == 0
 
 

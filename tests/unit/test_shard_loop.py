@@ -14,7 +14,7 @@ from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.lock import LockedError, take_shard_lock
 from espnet3_prefect.pipeline.marker import check_marker, read_marker
 from espnet3_prefect.pipeline.plan import Shard, plan_shards
-from espnet3_prefect.pipeline.shard import drive, run_shard
+from espnet3_prefect.pipeline.shard import drive, process_shard
 
 DATA = [{"utt_id": f"u{i}", "x": i} for i in range(7)]
 
@@ -130,7 +130,7 @@ def test_run_shard_writes_in_place_marks_done_last_and_releases_the_lock(tmp_pat
     [shard] = plan_shards("test_a", 5, 1, batch_size=2)
     (layout.shard_dir(0)).mkdir(parents=True)
     (layout.shard_dir(0) / "stale.txt").write_text("from an earlier attempt")
-    summary = run_shard(PlainRunner, shard, env, layout, marker={"fingerprint": "f"})
+    summary = process_shard(PlainRunner, shard, env, layout, marker={"fingerprint": "f"})
     assert summary["items"] == 5 and summary["failed"] == 0
     assert sorted(os.listdir(layout.shard_dir(0))) == ["done", "y.txt"]  # stale file gone, lock released
     marker = read_marker(layout.shard_dir(0))
@@ -146,7 +146,7 @@ def test_a_shard_whose_forward_fails_is_never_marked_done(tmp_path):
 
     layout = StageLayout(tmp_path / "t")
     with pytest.raises(ItemError):
-        run_shard(Boom, Shard("t", 0, 0, 2), _env(layout.output_dir), layout)
+        process_shard(Boom, Shard("t", 0, 0, 2), _env(layout.output_dir), layout)
     assert not (layout.shard_dir(0) / "done").exists() and not (layout.shard_dir(0) / "lock").exists()
 
 

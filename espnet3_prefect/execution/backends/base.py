@@ -87,7 +87,7 @@ def exported_environment(environ: Mapping[str, str] | None = None) -> dict[str, 
 
 
 def needs_preload(exported: Mapping[str, str]) -> bool:
-    """Whether workers must run the client-file preload (:data:`~espnet3_prefect._internal.util.WORKER_PRELOAD`)."""
+    """Whether workers must run the client-file preload (:data:`~espnet3_prefect._internal.util.CLIENT_FILE_PRELOAD`)."""
     return CLIENT_FILE_VAR in exported
 
 

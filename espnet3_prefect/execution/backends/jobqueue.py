@@ -21,7 +21,7 @@ import shlex
 from typing import Any, Mapping
 
 from espnet3_prefect.errors import one_line
-from espnet3_prefect._internal.util import SECRET_VARS, WORKER_PRELOAD, without_secrets
+from espnet3_prefect._internal.util import SECRET_VARS, CLIENT_FILE_PRELOAD, without_secrets
 from espnet3_prefect.execution.backends.allocator import allocator_exports
 from espnet3_prefect.execution.backends.base import (LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment, keyword_names, needs_preload,
                    option_error)
@@ -130,8 +130,8 @@ class JobqueueBackend(Backend):
         if lifetime is not None and not _has_flag(worker_args, "--lifetime"):
             worker_args += lifetime.worker_args()
         exported = exported_environment(context.environ)
-        if needs_preload(exported) and WORKER_PRELOAD not in worker_args:
-            worker_args += ["--preload", WORKER_PRELOAD]
+        if needs_preload(exported) and CLIENT_FILE_PRELOAD not in worker_args:
+            worker_args += ["--preload", CLIENT_FILE_PRELOAD]
         exports = [f"export {k}={shlex.quote(v)}" for k, v in {**allocator_exports(), **exported}.items()]
         prologue = exports + [str(line) for line in options.pop("job_script_prologue", None) or []]
         options.pop("job_name", None)  # used as the prefix of job_name

@@ -10,7 +10,7 @@ import sys
 from typing import Any, Mapping
 
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect._internal.util import WORKER_PRELOAD
+from espnet3_prefect._internal.util import CLIENT_FILE_PRELOAD
 from espnet3_prefect.execution.backends.base import LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment, needs_preload
 
 
@@ -70,7 +70,7 @@ class SshBackend(Backend):
         if needs_preload(exported):
             preload = worker_options.get("preload") or []
             preload = [preload] if isinstance(preload, str) else list(preload)
-            worker_options["preload"] = preload if WORKER_PRELOAD in preload else [*preload, WORKER_PRELOAD]
+            worker_options["preload"] = preload if CLIENT_FILE_PRELOAD in preload else [*preload, CLIENT_FILE_PRELOAD]
         tls = {}
         if self.uses_tls(spec):
             tls["tls_directory"] = (str(context.certificates.directory) if context.certificates is not None
