@@ -69,7 +69,7 @@ def measure(metrics_config: DictConfig, inference_config: DictConfig | None = No
     file, metrics.json itself: :mod:`espnet3_prefect.metrics.record`), it returns those results at
     once: no server, no flow run (one INFO line on the ``espnet3_prefect`` logger)."""
     from espnet3_prefect.metrics.record import settled_results
-    from espnet3_prefect.metrics.stage import load_any, load_inference_config, prepare_metrics
+    from espnet3_prefect.metrics.prepare import load_any, load_inference_config, prepare_metrics
 
     plain = _plain(metrics_config)
     plain_inference = None if inference_config is None else _plain(inference_config)

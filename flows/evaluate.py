@@ -20,14 +20,14 @@ from prefect import flow, get_run_logger
 
 from omegaconf import OmegaConf
 
-from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, describe as describe_checkpoint, resolve_key
+from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, describe_checkpoint, resolve_key
 from espnet3_prefect.checkpoints.trend import (CHECKPOINT_PLOT_FILE, already_scored, checkpoint_markdown,
                                               checkpoint_points, write_checkpoint_plot)
 from espnet3_prefect.config.load import fingerprint, identity_config, load_config
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.metrics.history import (HISTORY_FILE, PLOT_FILE, append_history, describe_model, model_identity,
                                      now_utc, read_history, trend_markdown, write_plot)
-from espnet3_prefect.metrics.stage import prepare_metrics
+from espnet3_prefect.metrics.prepare import prepare_metrics
 from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.execution.spec import preflight
 from espnet3_prefect.config.precheck import check_inputs_before_start

@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger
 
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
 from espnet3_prefect.metrics.record import write_results
-from espnet3_prefect.metrics.stage import MetricSpec, MetricsPlan, load_any, load_inference_config, prepare_metrics
+from espnet3_prefect.metrics.prepare import MetricSpec, MetricsPlan, load_any, load_inference_config, prepare_metrics
 from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.tasks.score import dataset_column, score
 from espnet3_prefect._internal.util import as_list, is_number

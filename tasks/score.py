@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from espnet3_prefect.metrics.dataset_columns import dataset_column_scp
 from espnet3_prefect.errors import BadInputError
-from espnet3_prefect.metrics.contract import check_metric_output
+from espnet3_prefect.metrics.metric_contract import check_metric_output
 from espnet3_prefect._internal.scp import ScpField, count_aligned
 
 

@@ -36,12 +36,12 @@ def iter_scp(path: str | os.PathLike) -> Iterator[tuple[int, str, str]]:
                 yield number, parts[0], parts[1].strip() if len(parts) > 1 else ""
 
 
-def check_utt_id(value: object, where: str = "utt_id") -> str:
+def plain_utt_id(value: object, where: str = "utt_id") -> str:
     """``str(value)`` when it can head an SCP line and name a file (no whitespace, '/', '\\\\', '.', '..').
 
-    >>> check_utt_id(7)
+    >>> plain_utt_id(7)
     '7'
-    >>> check_utt_id("a b")
+    >>> plain_utt_id("a b")
     Traceback (most recent call last):
     espnet3_prefect.errors.BadInputError: utt_id 'a b': must be a plain token (no whitespace, '/' or '\\\\', not '.' or '..')
     """

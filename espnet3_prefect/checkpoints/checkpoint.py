@@ -79,7 +79,7 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
     return info
 
 
-def describe(info: dict) -> str:
+def describe_checkpoint(info: dict) -> str:
     """``epoch=3-step=1200.ckpt (epoch 3, step 1200, sha256 1a2b3c4d5e6f)``."""
     parts = [f"{k} {info[k]}" for k in ("epoch", "step") if info.get(k) is not None]
     return f"{info['name']} ({', '.join([*parts, 'sha256 ' + info['sha256'][:12]])})"

@@ -50,9 +50,9 @@ def run_recipe(args: argparse.Namespace) -> int:
 def stage_input(args: argparse.Namespace, role: str, configs: list[str], overrides: list[str],
                 inference: tuple[list[str], list[str]] = ([], [])) -> dict[str, Any] | None:
     """In an ESPnet3 recipe folder (espnet3 installed, TEMPLATE defaults for its system): ``{role: config,
-    ["inference": config]}`` as the recipe's launcher loads them (:mod:`espnet3_prefect.config.recipe`),
+    ["inference": config]}`` as the recipe's launcher loads them (:mod:`espnet3_prefect.config.recipe_configs`),
     each a resolved mapping for the flow; elsewhere None (files and overrides go to the flow as given)."""
-    from espnet3_prefect.config.recipe import load_recipe_configs, template_package
+    from espnet3_prefect.config.recipe_configs import load_recipe_configs, template_package
 
     package = template_package(configs[0], args.system) if configs else None
     if package is None:

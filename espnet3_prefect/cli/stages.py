@@ -113,7 +113,7 @@ def run_metrics(args: argparse.Namespace) -> int:
     prepared = []
 
     def validate():
-        from espnet3_prefect.metrics.stage import load_any, load_inference_config, prepare_metrics
+        from espnet3_prefect.metrics.prepare import load_any, load_inference_config, prepare_metrics
 
         prepared.append(prepare_metrics(load_any(configs, overrides),
                                         inference_config=load_inference_config(i_configs, i_overrides)))

@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from espnet3_prefect.checkpoints.watch import DEFAULT_PATTERNS, MODES
+from espnet3_prefect.checkpoints.poller import DEFAULT_PATTERNS, MODES
 
 
 def register(sub) -> None:
@@ -38,7 +38,7 @@ def register(sub) -> None:
 
 def watch_checkpoints(args: argparse.Namespace) -> int:
     from espnet3_prefect.checkpoints.events import EmittedState, prefect_settings, state_path
-    from espnet3_prefect.checkpoints.watch import Watcher
+    from espnet3_prefect.checkpoints.poller import Watcher
     from espnet3_prefect.server.registry import find_api
 
     exp_dir = Path(args.exp_dir).expanduser()

@@ -26,7 +26,7 @@ spooled to a temporary file, not kept in memory.
 
 ``WER``/``CER`` (whose class path is their results' key) and :func:`class_path` live here;
 ``BaseMetric`` in :mod:`~espnet3_prefect.metrics.base_metric`, the declaration and batch checks in
-:mod:`~espnet3_prefect.metrics.contract`, ``TextCleaner`` in :mod:`~espnet3_prefect.metrics.text_cleaner`,
+:mod:`~espnet3_prefect.metrics.metric_contract`, ``TextCleaner`` in :mod:`~espnet3_prefect.metrics.text_cleaner`,
 all re-exported here.
 """
 
@@ -41,7 +41,7 @@ from typing import Any, ClassVar, Dict, Sequence
 from espnet3_prefect._internal.atomic import atomic_open
 from espnet3_prefect.metrics.base_metric import BaseMetric
 from espnet3_prefect.errors import BadInputError, MissingExtraError
-from espnet3_prefect.metrics.contract import (DATASET_PREFIX, Field, MetricContractError, MetricDeclarationError, check_metric_batch,
+from espnet3_prefect.metrics.metric_contract import (DATASET_PREFIX, Field, MetricContractError, MetricDeclarationError, check_metric_batch,
                               check_metric_contract, check_metric_inputs, check_metric_output)
 from espnet3_prefect.metrics.text_cleaner import TextCleaner, _espnet2_cleaner
 

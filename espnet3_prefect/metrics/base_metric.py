@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 from espnet3_prefect.errors import BadInputError
-from espnet3_prefect.metrics.contract import Field, check_metric_batch, check_metric_contract  # noqa: F401 - Field: examples
+from espnet3_prefect.metrics.metric_contract import Field, check_metric_batch, check_metric_contract  # noqa: F401 - Field: examples
 
 
 class BaseMetric(abc.ABC):

@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from espnet3_prefect._internal.atomic import atomic_open
 from espnet3_prefect.errors import BadInputError, ConfigError
-from espnet3_prefect.metrics.contract import DATASET_PREFIX
-from espnet3_prefect._internal.scp import check_utt_id
+from espnet3_prefect.metrics.metric_contract import DATASET_PREFIX
+from espnet3_prefect._internal.scp import plain_utt_id
 from espnet3_prefect.config.targets import locate
 
 DATASET_DIR = "dataset"
@@ -106,7 +106,7 @@ def dataset_column_scp(inference_config: DictConfig | dict | None, inference_dir
             if column not in item:
                 raise BadInputError(f"dataset:{column}: item {idx} of test set {test_set!r} has no {column!r}; "
                                     f"it has {sorted(item)}")
-            utt_id = check_utt_id(item.get(idx_key, str(idx)), f"test set {test_set!r} item {idx}: {idx_key}")
+            utt_id = plain_utt_id(item.get(idx_key, str(idx)), f"test set {test_set!r} item {idx}: {idx_key}")
             value = materialize(utt_id, column, item[column], path.parent, artifact_config)
             text = f"{value}"
             if "\n" in text or "\r" in text:

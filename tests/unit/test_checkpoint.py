@@ -97,7 +97,7 @@ def test_watcher_latest_mode_and_a_pending_event_left_by_a_kill(prefect_server, 
     from prefect.events.filters import EventFilter, EventNameFilter
 
     from espnet3_prefect.checkpoints.events import EVENT_NAME, EmittedState, event_fields
-    from espnet3_prefect.checkpoints.watch import Watcher
+    from espnet3_prefect.checkpoints.poller import Watcher
 
     exp = tmp_path / "exp"
     exp.mkdir()

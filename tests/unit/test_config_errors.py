@@ -119,7 +119,7 @@ def test_keys_of_your_own_keep_working_and_a_near_miss_can_be_allowed(tmp_path):
 
 
 def test_a_misspelt_metrics_key_fails_first(tmp_path):
-    from espnet3_prefect.metrics.stage import prepare_metrics
+    from espnet3_prefect.metrics.prepare import prepare_metrics
 
     path = write_yaml(tmp_path / "metrics.yaml", {"inference_dir": str(tmp_path), "metrik": []})
     with pytest.raises(ConfigError, match="^metrik: not a config key; did you mean metrics\\?"):

@@ -16,7 +16,7 @@ from espnet3_prefect.errors import BadInputError, ConfigError
 from espnet3_prefect.metrics import (CER, WER, BaseMetric, Field, MetricContractError, MetricDeclarationError,
                                      TextCleaner, check_metric_output)
 from espnet3_prefect.metrics.dataset_columns import dataset_column_scp, source_path
-from espnet3_prefect.metrics.stage import load_inference_config, metrics_json, prepare_metrics
+from espnet3_prefect.metrics.prepare import load_inference_config, metrics_json, prepare_metrics
 from espnet3_prefect._internal.scp import ScpField, count_aligned, iter_scp
 from espnet3_prefect.config.targets import _espnet3_installed, locate
 from tests.helpers.metrics_recipes import ColumnOrganizer

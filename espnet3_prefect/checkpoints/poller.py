@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from espnet3_prefect._internal.atomic import file_digest
-from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, describe, parse_name, zip_complete
+from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, describe_checkpoint, parse_name, zip_complete
 from espnet3_prefect.checkpoints.events import EmittedState
 from espnet3_prefect.errors import ConfigError
 
@@ -115,7 +115,7 @@ class Watcher:
             infos = infos[-1:]
         sent = self.state.emit(infos, self.exp_dir, latest=self.mode == "latest")
         for info in infos:
-            log.info("sent %s for %s", "espnet3.checkpoint.saved", describe(info))
+            log.info("sent %s for %s", "espnet3.checkpoint.saved", describe_checkpoint(info))
         return sent
 
     def run(self, poll_s: float = 1.0, stop: Callable[[], bool] = lambda: False) -> None:

@@ -34,7 +34,7 @@ from espnet3_prefect.config.load import fingerprint, load_config
 from espnet3_prefect.config.keys import METRICS_KEYS, check_top_level_keys
 from espnet3_prefect.metrics.dataset_columns import _materializer, provider_class, source_path
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.metrics.contract import DATASET_PREFIX, check_metric_contract, check_metric_inputs
+from espnet3_prefect.metrics.metric_contract import DATASET_PREFIX, check_metric_contract, check_metric_inputs
 from espnet3_prefect.metrics import class_path
 from espnet3_prefect.config.targets import _espnet3_installed, instantiate, locate, resolve_target
 
