@@ -30,8 +30,11 @@ def measure(setting: str) -> None:
     from espnet3_prefect.execution.backends.allocator import allocator_settings
 
     settings = allocator_settings() if setting == "ours" else {}
-    with dask.config.set(settings), LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
-                                                 dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        dask.config.set(settings),
+        LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         results = [client.submit(_calibrate, pure=False).result() for _ in range(3)]
     print(f"{setting:<13} load, compute ms per item: {results}", flush=True)
 

@@ -121,7 +121,7 @@ class DigitNet:
         generator = torch.Generator().manual_seed(0)
         shapes = [(channels, 80, 5)] + [(channels, channels, 5)] * (layers - 1)
         self.weights = [torch.randn(*s, generator=generator) / (s[1] * s[2]) ** 0.5 for s in shapes]
-        self.head = torch.randn(10, channels, generator=generator) / channels ** 0.5
+        self.head = torch.randn(10, channels, generator=generator) / channels**0.5
 
     def __call__(self, feats):
         import torch
@@ -142,17 +142,30 @@ def output_fn(data, model_output, idx):
     return {"utt_id": data["utt_id"], "digit": model_output["digit"], "frames": model_output["frames"]}
 
 
-def config(inference_dir: str, n: int, n_workers: int, *, hop_ms: float = 2.5, channels: int = 256,
-           layers: int = 3, prefetch: int | None = None, batch_size: int | None = None) -> dict:
+def config(
+    inference_dir: str,
+    n: int,
+    n_workers: int,
+    *,
+    hop_ms: float = 2.5,
+    channels: int = 256,
+    layers: int = 3,
+    prefetch: int | None = None,
+    batch_size: int | None = None,
+) -> dict:
     runner = {"_target_": "espnet3_prefect.espnet3.inference_runner.InferenceRunner"}
     if prefetch is not None:
         runner["prefetch"] = prefetch
     return {
         "inference_dir": inference_dir,
-        "dataset": {"_target_": "benchmarks.audio.FeatureOrganizer",
-                    "test": [{"name": "fsdd", "n": n, "hop_ms": hop_ms, "root": str(FSDD)}]},
+        "dataset": {
+            "_target_": "benchmarks.audio.FeatureOrganizer",
+            "test": [{"name": "fsdd", "n": n, "hop_ms": hop_ms, "root": str(FSDD)}],
+        },
         "model": {"_target_": "benchmarks.audio.DigitNet", "channels": channels, "layers": layers},
-        "input_key": "feats", "output_fn": "benchmarks.audio.output_fn", "batch_size": batch_size,
+        "input_key": "feats",
+        "output_fn": "benchmarks.audio.output_fn",
+        "batch_size": batch_size,
         "provider": {"_target_": "espnet3_prefect.espnet3.provider.InferenceProvider"},
         "runner": runner,
         "parallel": {"env": "local", "n_workers": n_workers},
@@ -177,6 +190,6 @@ if __name__ == "__main__":
     import sys
 
     args = [float(a) for a in sys.argv[1:]]
-    hop, channels, layers = (args + [2.5, 256, 3][len(args):])[:3]
+    hop, channels, layers = (args + [2.5, 256, 3][len(args) :])[:3]
     load, compute = calibrate(hop_ms=hop, channels=int(channels), layers=int(layers))
     print(f"load {load * 1000:.2f} ms/item, compute {compute * 1000:.2f} ms/item")

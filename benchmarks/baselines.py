@@ -68,8 +68,16 @@ def sequential(stage: Stage, n_items: int, out_dir: Path, fields=("y",)) -> floa
     return time.perf_counter() - started
 
 
-def plain_dask(stage: Stage, n_items: int, n_workers: int, num_shards: int, out_dir: Path, fields=("y",),
-               lengths=None, dask_settings: dict | None = None) -> float:
+def plain_dask(
+    stage: Stage,
+    n_items: int,
+    n_workers: int,
+    num_shards: int,
+    out_dir: Path,
+    fields=("y",),
+    lengths=None,
+    dask_settings: dict | None = None,
+) -> float:
     """``dask_settings``: Dask configuration while the cluster lives (default: Dask's own)."""
     import dask
 
@@ -77,9 +85,13 @@ def plain_dask(stage: Stage, n_items: int, n_workers: int, num_shards: int, out_
     shards = plan_shards(stage.test_set, n_items, num_shards, stage.work.batch_size, lengths=lengths)
     environ = dict(os.environ)  # Dask's nanny sets its pre-spawn variables here; later runs must not inherit them
     try:
-        with dask.config.set(dask_settings or {}), LocalCluster(n_workers=n_workers, threads_per_worker=1,
-                                                                host="127.0.0.1", dashboard_address="127.0.0.1:0") \
-                as cluster, Client(cluster) as client:
+        with (
+            dask.config.set(dask_settings or {}),
+            LocalCluster(
+                n_workers=n_workers, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             client.register_plugin(_Env(stage.runner.provider, str(out_dir)))
             futures = client.map(_shard, [stage.work.runner_cls] * len(shards), shards, pure=False)
             parts = client.gather(futures)

@@ -19,8 +19,7 @@ from dtmf_demo.dtmf import KEYS, synthesize
 def ms_per_item(batch: int = 32, reps: int = 10, seed: int = 7) -> tuple[float, float]:
     """(ms per item, mean seconds of audio per item) for ``reps`` calls on one batch, after a warm-up."""
     rng = np.random.default_rng(seed)
-    digits = ["".join(KEYS[int(k)] for k in rng.integers(0, 10, size=int(rng.integers(3, 9))))
-              for _ in range(batch)]
+    digits = ["".join(KEYS[int(k)] for k in rng.integers(0, 10, size=int(rng.integers(3, 9)))) for _ in range(batch)]
     waves, lengths = collate([synthesize(d, seed=i) for i, d in enumerate(digits)])
     decoder = DTMFDecoder()
     decoder(waves, lengths)

@@ -42,20 +42,36 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env["ESPNET3_PREFECT_HOME"] = str(home)
         if args.prepared_data:
-            subprocess.run([sys.executable, "-m", "dtmf_demo.recipe", "--data-root", "exp/dtmf/data"],
-                           cwd=project, check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "dtmf_demo.recipe", "--data-root", "exp/dtmf/data"],
+                cwd=project,
+                check=True,
+                capture_output=True,
+            )
         started = time.monotonic()
         try:
-            subprocess.run([*cli, "deploy-local", "--port", str(free_port()), "--project-dir", str(project)],
-                           env=env, check=True, capture_output=True, text=True, timeout=600)
+            subprocess.run(
+                [*cli, "deploy-local", "--port", str(free_port()), "--project-dir", str(project)],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             deployed = time.monotonic()
             state = json.loads((home / "deploy-local.json").read_text())
             env.update(PREFECT_API_URL=state["api_url"], PREFECT_HOME=str(home / "client_home"))
             print(f"deploy-local: {deployed - started:.1f} s {state['timings']}")
             for i in range(args.runs):
                 t0 = time.monotonic()
-                subprocess.run([prefect, "deployment", "run", "infer/local", "--watch", "--watch-interval", "1"],
-                               env=env, check=True, capture_output=True, text=True, timeout=900)
+                subprocess.run(
+                    [prefect, "deployment", "run", "infer/local", "--watch", "--watch-interval", "1"],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                )
                 now = time.monotonic()
                 print(f"infer/local run {i + 1}: {now - t0:.1f} s (deploy start -> finished: {now - started:.1f} s)")
         finally:

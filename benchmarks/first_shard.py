@@ -28,9 +28,19 @@ def _one(work: Path, i: int, args) -> dict:
     from espnet3_prefect.flows.infer import infer
 
     cfg = synthetic.config(str(work / f"run{i}"), 64, 0.0, args.workers, 8)
-    cfg["parallel"] = {"env": args.env, "n_workers": args.workers, "num_shards": 8, "options": {
-        "queue": args.queue, "cores": 1, "processes": 1, "memory": "1GB", "interface": "lo",
-        "walltime": "00:10:00"}}
+    cfg["parallel"] = {
+        "env": args.env,
+        "n_workers": args.workers,
+        "num_shards": 8,
+        "options": {
+            "queue": args.queue,
+            "cores": 1,
+            "processes": 1,
+            "memory": "1GB",
+            "interface": "lo",
+            "walltime": "00:10:00",
+        },
+    }
     path = work / f"run{i}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     state = infer(config=[str(path)], return_state=True)
@@ -43,8 +53,11 @@ def _one(work: Path, i: int, args) -> dict:
     def first(prefix: str) -> float:
         return min((t.start_time - start).total_seconds() for t in tasks if t.name.startswith(prefix) and t.start_time)
 
-    return {"build_env_s": first("build-env"), "first_shard_s": first("run-shard"),
-            "total_s": (flow_run.end_time - start).total_seconds()}
+    return {
+        "build_env_s": first("build-env"),
+        "first_shard_s": first("run-shard"),
+        "total_s": (flow_run.end_time - start).total_seconds(),
+    }
 
 
 def main() -> None:
@@ -54,17 +67,24 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    args.queue = args.queue or os.environ.get("E3P_SLURM_PARTITION" if args.env == "slurm" else "E3P_SGE_QUEUE") \
+    args.queue = (
+        args.queue
+        or os.environ.get("E3P_SLURM_PARTITION" if args.env == "slurm" else "E3P_SGE_QUEUE")
         or ("debug" if args.env == "slurm" else "all.q")
+    )
     from espnet3_prefect.server.embedded import prefect_api
 
     with tempfile.TemporaryDirectory() as tmp, prefect_api(Path(tmp) / "home", ui=False):
         runs = [_one(Path(tmp), i, args) for i in range(args.repeat)]
     for i, run in enumerate(runs):
-        print(f"run {i}: flow start -> build-env {run['build_env_s']:.2f} s, -> first run-shard "
-              f"{run['first_shard_s']:.2f} s, flow total {run['total_s']:.2f} s")
-    print(f"median flow start -> first shard on {args.env} ({args.workers} workers): "
-          f"{statistics.median(r['first_shard_s'] for r in runs):.2f} s")
+        print(
+            f"run {i}: flow start -> build-env {run['build_env_s']:.2f} s, -> first run-shard "
+            f"{run['first_shard_s']:.2f} s, flow total {run['total_s']:.2f} s"
+        )
+    print(
+        f"median flow start -> first shard on {args.env} ({args.workers} workers): "
+        f"{statistics.median(r['first_shard_s'] for r in runs):.2f} s"
+    )
 
 
 if __name__ == "__main__":

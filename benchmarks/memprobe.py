@@ -14,7 +14,7 @@ def _sample_workers(peak: list, stop: threading.Event) -> None:
     while not stop.wait(0.2):
         for child in me.children(recursive=True):
             try:
-                peak[0] = max(peak[0], child.memory_info().rss / 2 ** 20)
+                peak[0] = max(peak[0], child.memory_info().rss / 2**20)
             except psutil.Error:
                 pass
 

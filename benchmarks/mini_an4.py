@@ -18,16 +18,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-espnet"
 WORKDIR_VAR = "E3P_REALESPNET_WORKDIR"
-FLAGS = ["--stages", "infer", "measure", "--training_config", "conf/training.yaml",
-         "--metrics_config", "conf/metrics.yaml"]
+FLAGS = [
+    "--stages",
+    "infer",
+    "measure",
+    "--training_config",
+    "conf/training.yaml",
+    "--metrics_config",
+    "conf/metrics.yaml",
+]
 
 
 def recipe_folder() -> Path | None:
     """The trained mini_an4 recipe of ``$E3P_REALESPNET_WORKDIR``, when it and .venv-espnet exist."""
     chosen = os.environ.get(WORKDIR_VAR)
     recipe = Path(chosen) / "egs3" / "mini_an4" / "esp2_asr" if chosen else None
-    if recipe is None or not (recipe / "exp" / "training" / "last.ckpt").is_file() \
-            or not (VENV / "bin" / "python").is_file():
+    if (
+        recipe is None
+        or not (recipe / "exp" / "training" / "last.ckpt").is_file()
+        or not (VENV / "bin" / "python").is_file()
+    ):
         return None
     return recipe
 
@@ -46,11 +56,19 @@ def one_run(recipe: Path, side: str, name: str) -> float:
     conf = recipe / "conf" / f"{name}.yaml"
     shutil.copyfile(recipe / "conf" / "inference_parallel.yaml", conf)
     shutil.rmtree(recipe / "exp" / "training" / name, ignore_errors=True)
-    cmd = [str(VENV / "bin" / "python"), "run.py"] if side == "upstream" else [str(VENV / "bin" / "espnet3-prefect"),
-                                                                                 "run"]
+    cmd = (
+        [str(VENV / "bin" / "python"), "run.py"]
+        if side == "upstream"
+        else [str(VENV / "bin" / "espnet3-prefect"), "run"]
+    )
     started = time.perf_counter()
-    subprocess.run([*cmd, *FLAGS, "--inference_config", f"conf/{name}.yaml"], cwd=recipe, env=_environ(recipe),
-                   check=True, capture_output=True)
+    subprocess.run(
+        [*cmd, *FLAGS, "--inference_config", f"conf/{name}.yaml"],
+        cwd=recipe,
+        env=_environ(recipe),
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - started
 
 

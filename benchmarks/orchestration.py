@@ -50,8 +50,12 @@ def task_run_count() -> int:
     import os
     import urllib.request
 
-    request = urllib.request.Request(f"{os.environ['PREFECT_API_URL']}/task_runs/count", data=b"{}",
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        f"{os.environ['PREFECT_API_URL']}/task_runs/count",
+        data=b"{}",
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(request, timeout=30) as resp:
         return int(json.load(resp))
 
@@ -75,8 +79,8 @@ class ServerMeter:
 
 def worker_start(n_workers: int, fork: bool) -> dict:
     from espnet3_prefect.execution.cluster import open_task_runner
-    from espnet3_prefect.flows.dispatch import TASK_PRELOAD
     from espnet3_prefect.execution.spec import ParallelSpec
+    from espnet3_prefect.flows.dispatch import TASK_PRELOAD
 
     extra = {}
     if fork:
@@ -86,9 +90,12 @@ def worker_start(n_workers: int, fork: bool) -> dict:
 
     spec = ParallelSpec.from_config({"env": "local", "n_workers": n_workers, "options": {"dashboard_address": None}})
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp, \
-            open_task_runner(spec, log_root=Path(tmp), logger=logging.getLogger("bench"),
-                             worker_preload=TASK_PRELOAD, **extra) as runner:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open_task_runner(
+            spec, log_root=Path(tmp), logger=logging.getLogger("bench"), worker_preload=TASK_PRELOAD, **extra
+        ) as runner,
+    ):
         runner.client.wait_for_workers(n_workers)
         wall = time.perf_counter() - started
         cpu = sum(tree_cpu_s(child.pid) for child in psutil.Process().children())
@@ -97,8 +104,14 @@ def worker_start(n_workers: int, fork: bool) -> dict:
 
 def measure_worker_start(n_workers: int, fork: bool) -> dict:
     """:func:`worker_start` in a fresh interpreter (a fork server lives as long as its process)."""
-    code = [sys.executable, "-m", "benchmarks.orchestration", "worker-start", str(n_workers),
-            "fork" if fork else "spawn"]
+    code = [
+        sys.executable,
+        "-m",
+        "benchmarks.orchestration",
+        "worker-start",
+        str(n_workers),
+        "fork" if fork else "spawn",
+    ]
     out = subprocess.run(code, cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -96,30 +96,56 @@ def overhead_and_resume(s: Suite) -> None:
     s.server.start()
     flow, _ = s.infer("ovh", s.n, COST_MS, 2)
     server_cpu, task_runs = s.server.stop()
-    same = (s.work / "dask_out/y.scp").read_bytes() == (s.work / "ovh/bench/y.scp").read_bytes() \
+    same = (
+        (s.work / "dask_out/y.scp").read_bytes()
+        == (s.work / "ovh/bench/y.scp").read_bytes()
         == (s.work / "seq_out/y.scp").read_bytes()
+    )
     s.record("overhead", f"sequential loop, {s.n} items x {COST_MS:g} ms [s]", seq)
     s.record("overhead", f"plain Dask client.map, {shards} shards, 2 workers [s]", dask)
     s.record("overhead", "infer flow, same [s]", flow, note="outputs identical" if same else "OUTPUTS DIFFER")
     s.record("overhead", "infer / plain Dask", flow / dask, "<= 1.10")
     s.record("overhead", "plain Dask / sequential (2 workers)", dask / seq)
-    s.record("overhead", "embedded server CPU per task run of that flow [ms]", 1000 * server_cpu / max(1, task_runs),
-             "<= 20", f"{server_cpu:.2f} s CPU for {task_runs} task runs; the server's first flow")
+    s.record(
+        "overhead",
+        "embedded server CPU per task run of that flow [ms]",
+        1000 * server_cpu / max(1, task_runs),
+        "<= 20",
+        f"{server_cpu:.2f} s CPU for {task_runs} task runs; the server's first flow",
+    )
     s.server.start()  # the same flow again, on the now warm server (a kept or deploy-local server's case)
     s.infer("ovh2", s.n, COST_MS, 2)
     server_cpu, task_runs = s.server.stop()
-    s.record("overhead", "embedded server CPU per task run, a later flow [ms]", 1000 * server_cpu / max(1, task_runs),
-             "<= 20", f"{server_cpu:.2f} s CPU for {task_runs} task runs")
+    s.record(
+        "overhead",
+        "embedded server CPU per task run, a later flow [ms]",
+        1000 * server_cpu / max(1, task_runs),
+        "<= 20",
+        f"{server_cpu:.2f} s CPU for {task_runs} task runs",
+    )
     again = s.dropin_infer(s.work / "ovh.yaml")
-    s.record("resume", "re-run of the finished stage / first run", again / flow, "<= 0.03",
-             "drop-in infer(config), as the CLI: answered without a flow run")
+    s.record(
+        "resume",
+        "re-run of the finished stage / first run",
+        again / flow,
+        "<= 0.03",
+        "drop-in infer(config), as the CLI: answered without a flow run",
+    )
     s.record("resume", "re-run of the finished stage [s]", again)
     again, summary = s.infer("ovh", s.n, COST_MS, 2)
-    s.record("resume", "re-run as a flow run (a deployment's) / first run", again / flow,
-             note=f"{summary['shards_run']} shards run; {again:.2f} s")
+    s.record(
+        "resume",
+        "re-run as a flow run (a deployment's) / first run",
+        again / flow,
+        note=f"{summary['shards_run']} shards run; {again:.2f} s",
+    )
     first, killed, resumed = resume_after_kill(s)
-    s.record("resume", "resume after a kill at ~50% / uninterrupted run", resumed / first,
-             note=f"{killed} shards were done at the kill")
+    s.record(
+        "resume",
+        "resume after a kill at ~50% / uninterrupted run",
+        resumed / first,
+        note=f"{killed} shards were done at the kill",
+    )
 
 
 def resume_after_kill(s: Suite) -> tuple[float, int, float]:
@@ -127,9 +153,15 @@ def resume_after_kill(s: Suite) -> tuple[float, int, float]:
     out = s.work / "kill/bench"
     code = f"from espnet3_prefect.flows.infer import infer; infer(config=[{str(path)!r}])"
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     from espnet3_prefect.pipeline.plan import default_num_shards
+
     half = default_num_shards(s.n, 2) // 2
     while len(list(out.glob("split.*/done"))) < half and proc.poll() is None:
         time.sleep(0.05)
@@ -154,8 +186,12 @@ def scaling(s: Suite) -> None:
     for n in sizes:
         wall, _ = s.infer(f"items{n}", n, 0.0, 2)
         base = base or wall / n
-        s.record("scaling", f"{n} items, zero-cost forward: s per item / s per item at 1k", (wall / n) / base,
-                 note=f"{wall:.2f} s")
+        s.record(
+            "scaling",
+            f"{n} items, zero-cost forward: s per item / s per item at 1k",
+            (wall / n) / base,
+            note=f"{wall:.2f} s",
+        )
 
 
 def worker_start(s: Suite) -> None:
@@ -169,8 +205,12 @@ def worker_start(s: Suite) -> None:
                 cpu.setdefault((n, fork), []).append(orchestration.measure_worker_start(n, fork)["cpu_s"])
     for n in (1, 2, 4):
         fork, spawn = min(cpu[n, True]), min(cpu[n, False])
-        s.record("workers", f"worker start CPU, {n} local worker(s), forked [s]", fork,
-                 note=f"spawned (before): {spawn:.2f} s; forked / spawned {fork / spawn:.2f}")
+        s.record(
+            "workers",
+            f"worker start CPU, {n} local worker(s), forked [s]",
+            fork,
+            note=f"spawned (before): {spawn:.2f} s; forked / spawned {fork / spawn:.2f}",
+        )
 
 
 def real_recipe(s: Suite) -> None:
@@ -181,9 +221,14 @@ def real_recipe(s: Suite) -> None:
         return
     times = mini_an4.compare(recipe, rounds=1 if s.quick else 2)
     ours, upstream = min(times["ours"]), min(times["upstream"])
-    s.record("mini_an4", "infer + measure, 2 workers: espnet3-prefect / upstream", ours / upstream, "<= 1.10",
-             f"best of {len(times['ours'])}: {ours:.1f} s vs {upstream:.1f} s; all: ours "
-             f"{', '.join(f'{t:.1f}' for t in times['ours'])}, upstream {', '.join(f'{t:.1f}' for t in times['upstream'])}")
+    s.record(
+        "mini_an4",
+        "infer + measure, 2 workers: espnet3-prefect / upstream",
+        ours / upstream,
+        "<= 1.10",
+        f"best of {len(times['ours'])}: {ours:.1f} s vs {upstream:.1f} s; all: ours "
+        f"{', '.join(f'{t:.1f}' for t in times['ours'])}, upstream {', '.join(f'{t:.1f}' for t in times['upstream'])}",
+    )
 
 
 def shard_count(s: Suite) -> None:
@@ -204,10 +249,19 @@ def driver_memory(s: Suite) -> None:
     sizes = (10_000, 200_000) if s.quick else (10_000, 1_000_000)
     peaks = {n: _peak_rss(s, n) for n in sizes}
     small, big = sizes
-    s.record("memory", f"driver peak RSS at {big} / at {small} items", peaks[big][0] / peaks[small][0], "<= 1.2",
-             f"{peaks[small][0]:.0f} -> {peaks[big][0]:.0f} MB")
-    s.record("memory", f"worker peak RSS at {big} / at {small} items", peaks[big][1] / peaks[small][1],
-             note=f"{peaks[small][1]:.0f} -> {peaks[big][1]:.0f} MB")
+    s.record(
+        "memory",
+        f"driver peak RSS at {big} / at {small} items",
+        peaks[big][0] / peaks[small][0],
+        "<= 1.2",
+        f"{peaks[small][0]:.0f} -> {peaks[big][0]:.0f} MB",
+    )
+    s.record(
+        "memory",
+        f"worker peak RSS at {big} / at {small} items",
+        peaks[big][1] / peaks[small][1],
+        note=f"{peaks[small][1]:.0f} -> {peaks[big][1]:.0f} MB",
+    )
 
 
 def _peak_rss(s: Suite, n: int) -> tuple[float, float]:
@@ -238,32 +292,51 @@ def merge_vs_cat(s: Suite) -> None:
         os.fsync(out.fileno())  # ours is durable (temp name, fsync, rename): compare like with like
     cat_synced = time.perf_counter() - started
     size_mb = (s.work / "merge/cat.scp").stat().st_size / 1e6
-    s.record("merge", f"merge / (cat + fsync) of the same 200 files ({size_mb:.0f} MB)", ours / cat_synced,
-             "<= 1.5", f"{ours:.3f} s vs {cat_synced:.3f} s")
+    s.record(
+        "merge",
+        f"merge / (cat + fsync) of the same 200 files ({size_mb:.0f} MB)",
+        ours / cat_synced,
+        "<= 1.5",
+        f"{ours:.3f} s vs {cat_synced:.3f} s",
+    )
     s.record("merge", "merge / plain cat (no fsync)", ours / cat, note=f"cat alone {cat:.3f} s")
 
 
 def machine() -> str:
-    import prefect, distributed
+    import distributed
+    import prefect
 
-    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    return (f"{os.cpu_count()} cores, {mem_gb:.0f} GiB, {platform.platform()}, Python {platform.python_version()}, "
-            f"prefect {prefect.__version__}, distributed {distributed.__version__}")
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{os.cpu_count()} cores, {mem_gb:.0f} GiB, {platform.platform()}, Python {platform.python_version()}, "
+        f"prefect {prefect.__version__}, distributed {distributed.__version__}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 1/5 of the time)")
     parser.add_argument("--out", default=None, help="also write the results table here (markdown)")
-    parser.add_argument("--only", nargs="*", default=None,
-                        choices=["overhead", "scaling", "workers", "mini_an4", "shards", "prefetch", "balance", "memory", "merge"])
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        choices=["overhead", "scaling", "workers", "mini_an4", "shards", "prefetch", "balance", "memory", "merge"],
+    )
     args = parser.parse_args()
     from espnet3_prefect.server.embedded import prefect_api
 
-    steps = {"overhead": overhead_and_resume, "scaling": scaling, "workers": worker_start, "mini_an4": real_recipe,
-             "shards": shard_count,
-             "prefetch": prefetch,
-             "balance": balance, "memory": driver_memory, "merge": merge_vs_cat}
+    steps = {
+        "overhead": overhead_and_resume,
+        "scaling": scaling,
+        "workers": worker_start,
+        "mini_an4": real_recipe,
+        "shards": shard_count,
+        "prefetch": prefetch,
+        "balance": balance,
+        "memory": driver_memory,
+        "merge": merge_vs_cat,
+    }
     print(f"machine: {machine()}")
     work = Path(tempfile.mkdtemp(prefix="e3p-bench-"))
     try:
@@ -279,11 +352,17 @@ def main() -> None:
 
 
 def write_table(path: Path, rows: list[dict], args) -> None:
-    lines = [f"Machine: {machine()}", f"Command: `.venv/bin/python -m benchmarks.run"
-             f"{' --quick' if args.quick else ''}{' --only ' + ' '.join(args.only) if args.only else ''}`", "",
-             "| group | measure | value | goal | load avg | note |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['group']} | {r['name']} | {r['value']:.3f} | {r['goal']} | {r['load']:.2f} | {r['note']} |"
-              for r in rows]
+    lines = [
+        f"Machine: {machine()}",
+        f"Command: `.venv/bin/python -m benchmarks.run"
+        f"{' --quick' if args.quick else ''}{' --only ' + ' '.join(args.only) if args.only else ''}`",
+        "",
+        "| group | measure | value | goal | load avg | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['group']} | {r['name']} | {r['value']:.3f} | {r['goal']} | {r['load']:.2f} | {r['note']} |" for r in rows
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -52,7 +52,10 @@ def main() -> None:
     per_shard = (many - one) / (args.shards - 1)
     print(f"flow wall, 1 shard:          {one:7.2f} s")
     print(f"flow wall, {args.shards} shards:        {many:7.2f} s")
-    print(f"overhead per extra shard:    {per_shard * 1000:7.1f} ms  ({args.workers} workers, {args.items} items, zero-cost forward)")
+    print(
+        f"overhead per extra shard:    {per_shard * 1000:7.1f} ms  "
+        f"({args.workers} workers, {args.items} items, zero-cost forward)"
+    )
     print(f"resumed run ({s['shards_cached']} cached):    {again:7.2f} s  = {again / many:.2f} x the first run")
 
 

@@ -50,7 +50,8 @@ def config(inference_dir: str, n: int, cost_ms: float, n_workers: int, num_shard
         "inference_dir": inference_dir,
         "dataset": {"_target_": "benchmarks.synthetic.SpinOrganizer", "test": [{"name": "bench", "n": n}]},
         "model": {"_target_": "benchmarks.synthetic.SpinModel", "cost_ms": cost_ms},
-        "input_key": "x", "output_fn": "benchmarks.synthetic.spin_output_fn",
+        "input_key": "x",
+        "output_fn": "benchmarks.synthetic.spin_output_fn",
         "provider": {"_target_": "espnet3_prefect.espnet3.provider.InferenceProvider"},
         "runner": {"_target_": "espnet3_prefect.espnet3.inference_runner.InferenceRunner"},
         "parallel": parallel,
@@ -90,8 +91,12 @@ class UnevenDatasetWithLengths(UnevenDataset):
 
 class UnevenOrganizer:
     def __init__(self, test=()):
-        self.test = {t["name"]: (UnevenDatasetWithLengths if t.get("lengths") else UnevenDataset)(
-            t["n"], t["unit_ms"], t.get("seed", 0)) for t in test}
+        self.test = {
+            t["name"]: (UnevenDatasetWithLengths if t.get("lengths") else UnevenDataset)(
+                t["n"], t["unit_ms"], t.get("seed", 0)
+            )
+            for t in test
+        }
 
 
 class CostModel:
@@ -112,10 +117,13 @@ class CostModel:
 def uneven_config(inference_dir: str, n: int, unit_ms: float, n_workers: int, lengths: bool) -> dict:
     return {
         "inference_dir": inference_dir,
-        "dataset": {"_target_": "benchmarks.synthetic.UnevenOrganizer",
-                    "test": [{"name": "bench", "n": n, "unit_ms": unit_ms, "lengths": lengths}]},
+        "dataset": {
+            "_target_": "benchmarks.synthetic.UnevenOrganizer",
+            "test": [{"name": "bench", "n": n, "unit_ms": unit_ms, "lengths": lengths}],
+        },
         "model": {"_target_": "benchmarks.synthetic.CostModel"},
-        "input_key": ["x", "cost_ms"], "output_fn": "benchmarks.synthetic.spin_output_fn",
+        "input_key": ["x", "cost_ms"],
+        "output_fn": "benchmarks.synthetic.spin_output_fn",
         "provider": {"_target_": "espnet3_prefect.espnet3.provider.InferenceProvider"},
         "runner": {"_target_": "espnet3_prefect.espnet3.inference_runner.InferenceRunner"},
         "parallel": {"env": "local", "n_workers": n_workers},

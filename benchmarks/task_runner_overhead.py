@@ -8,7 +8,8 @@ a flow submits ``--tasks`` no-op tasks and waits for their results; the cost per
 from the first submit to the last result, divided by the number of tasks (2 workers share the
 worker-side part). Flow start and end are not counted. The median over ``--rounds`` rounds in
 which the runners take turns (so load from other processes falls on every runner alike). The
-cluster (2 worker processes) is started once; runners connect to it by address. ``--api-in-settings-only`` starts it without
+cluster (2 worker processes) is started once; runners connect to it by address.
+``--api-in-settings-only`` starts it without
 PREFECT_API_URL in the environment (the URL stays in Prefect's settings), so the runner must ship
 the settings to the workers.
 """
@@ -59,27 +60,33 @@ def main() -> None:
     import distributed
     from prefect_dask import DaskTaskRunner
 
-    from espnet3_prefect.server.embedded import prefect_api
     from espnet3_prefect.execution.task_runner import ShardTaskRunner
+    from espnet3_prefect.server.embedded import prefect_api
 
-    runners = {"DaskTaskRunner": DaskTaskRunner, "ShardTaskRunner": ShardTaskRunner,
-               **{spec: _load(spec) for spec in args.runner}}
+    runners = {
+        "DaskTaskRunner": DaskTaskRunner,
+        "ShardTaskRunner": ShardTaskRunner,
+        **{spec: _load(spec) for spec in args.runner},
+    }
     if args.without_stock:
         runners.pop("DaskTaskRunner")
     per_task: dict[str, list[float]] = {name: [] for name in runners}
     with tempfile.TemporaryDirectory() as tmp, prefect_api(Path(tmp) / "home", ui=False):
         if args.api_in_settings_only:
             os.environ.pop("PREFECT_API_URL")  # prefect_api restores it on the way out
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
-                                      dashboard_address=None) as cluster:
-            for name, runner in runners.items():  # warm up: imports, worker-side caches
+        with distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        ) as cluster:
+            for runner in runners.values():  # warm up: imports, worker-side caches
                 _per_task(runner, cluster.scheduler_address, 4)
             for _ in range(args.rounds):
                 for name, runner in runners.items():
                     per_task[name].append(_per_task(runner, cluster.scheduler_address, args.tasks))
     mode = "API URL in settings only" if args.api_in_settings_only else "API URL exported"
-    print(f"per-task cost (submit to result, in the flow), median of {args.rounds} rounds, {args.tasks} no-op tasks, "
-          f"2 workers, {mode}:")
+    print(
+        f"per-task cost (submit to result, in the flow), median of {args.rounds} rounds, {args.tasks} no-op tasks, "
+        f"2 workers, {mode}:"
+    )
     for name, values in per_task.items():
         shown = ", ".join(f"{v * 1000:.1f}" for v in values)
         print(f"  {name:40} {statistics.median(values) * 1000:7.1f} ms  ({shown})")

@@ -36,8 +36,11 @@ exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]
 html_theme = "alabaster"
 html_static_path = ["_static"]
 html_title = f"espnet3-prefect {release}"
-html_theme_options = {"description": "ESPnet3 inference, metrics and your own workloads as Prefect flows on Dask",
-                      "page_width": "1180px", "sidebar_width": "230px"}
+html_theme_options = {
+    "description": "ESPnet3 inference, metrics and your own workloads as Prefect flows on Dask",
+    "page_width": "1180px",
+    "sidebar_width": "230px",
+}
 
 # MyST: `#anchor` links to headings (## and ###) across pages, `{role}` syntax, fenced directives.
 myst_heading_anchors = 3
@@ -116,8 +119,11 @@ def _our_short_names(app, env, node, contnode):
     package, _, public = target.partition(".")
     if package == "espnet3_prefect" and public in espnet3_prefect.__all__:  # a re-export: where it is defined
         target = f"{getattr(espnet3_prefect, public).__module__}.{public}"
-    found = [(name, entry) for name, entry in domain.find_obj(env, None, None, target, node["reftype"], 1)
-             if name.startswith("espnet3_prefect.")]
+    found = [
+        (name, entry)
+        for name, entry in domain.find_obj(env, None, None, target, node["reftype"], 1)
+        if name.startswith("espnet3_prefect.")
+    ]
     if len(found) != 1:
         return None
     name, entry = found[0]

@@ -19,16 +19,32 @@ from espnet3_prefect.config.load import load_config
 from espnet3_prefect.entry import infer, measure, run
 from espnet3_prefect.errors import BadInputError, ConfigError, Espnet3PrefectError, ItemError, MissingExtraError
 from espnet3_prefect.espnet3.inference_runner import InferenceRunner
-from espnet3_prefect.launch import launch
 from espnet3_prefect.espnet3.provider import EnvironmentProvider, InferenceProvider, resolve_device
 from espnet3_prefect.espnet3.runner import BaseRunner
 from espnet3_prefect.execution.process_parallel import get_parallel_config, set_parallel
+from espnet3_prefect.launch import launch
 from espnet3_prefect.server.embedded import prefect_api
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
 __all__ = [
-    "BadInputError", "BaseRunner", "checkpoint_saved", "ConfigError", "EnvironmentProvider", "Espnet3PrefectError",
-    "InferenceProvider", "InferenceRunner", "ItemError", "MissingExtraError", "get_parallel_config", "infer",
-    "launch", "load_config", "measure", "prefect_api", "resolve_device", "run", "set_parallel",
+    "BadInputError",
+    "BaseRunner",
+    "checkpoint_saved",
+    "ConfigError",
+    "EnvironmentProvider",
+    "Espnet3PrefectError",
+    "InferenceProvider",
+    "InferenceRunner",
+    "ItemError",
+    "MissingExtraError",
+    "get_parallel_config",
+    "infer",
+    "launch",
+    "load_config",
+    "measure",
+    "prefect_api",
+    "resolve_device",
+    "run",
+    "set_parallel",
 ]

@@ -22,21 +22,26 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from espnet3_prefect.config.load import load_config_input
-from espnet3_prefect.main_guard import check_main_guard
-from espnet3_prefect.execution.spec import preflight
 from espnet3_prefect.config.precheck import check_inputs_before_start
-from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL, active_parallel_config
-from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
+from espnet3_prefect.config.runner_keys import (
+    DEFAULT_MAX_FAILED_RATIO,
+    DEFAULT_MIN_FREE_MB,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_DELAY_S,
+)
 from espnet3_prefect.espnet3.runner import set_call_handler
-from espnet3_prefect.config.runner_keys import DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S
-from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL, active_parallel_config
+from espnet3_prefect.execution.spec import preflight
+from espnet3_prefect.main_guard import check_main_guard
+from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
 from espnet3_prefect.pipeline.runner_job import RunnerJob, importable_from_workers, prepare_job
+from espnet3_prefect.pipeline.stage import prepare_stages
 
 
 def infer(config: DictConfig) -> None:
@@ -68,8 +73,8 @@ def measure(metrics_config: DictConfig, inference_config: DictConfig | None = No
     When nothing it was computed from has changed since the last run (config, metric code, every input
     file, metrics.json itself: :mod:`espnet3_prefect.metrics.record`), it returns those results at
     once: no server, no flow run (one INFO line on the ``espnet3_prefect`` logger)."""
-    from espnet3_prefect.metrics.record import settled_results
     from espnet3_prefect.metrics.prepare import load_any, load_inference_config, prepare_metrics
+    from espnet3_prefect.metrics.record import settled_results
 
     plain = _plain(metrics_config)
     plain_inference = None if inference_config is None else _plain(inference_config)
@@ -77,7 +82,8 @@ def measure(metrics_config: DictConfig, inference_config: DictConfig | None = No
     results = settled_results(plan)  # every config mistake was raised above, before this
     if results is not None:
         logging.getLogger("espnet3_prefect").info(
-            "measure: nothing to run, %s is up to date (no server started, no flow run)", plan.output)
+            "measure: nothing to run, %s is up to date (no server started, no flow run)", plan.output
+        )
         return results
     importable_from_workers()
 
@@ -89,10 +95,18 @@ def measure(metrics_config: DictConfig, inference_config: DictConfig | None = No
     return _on_api(start)
 
 
-def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | None = None, *,
-        retries: int = DEFAULT_RETRIES, retry_delay_s: float | Iterable[float] = DEFAULT_RETRY_DELAY_S,
-        on_error: str = "fail", max_failed_ratio: float = DEFAULT_MAX_FAILED_RATIO,
-        min_free_mb: float = DEFAULT_MIN_FREE_MB, prefetch: int | bool = DEFAULT_PREFETCH) -> Any:
+def run(
+    runner: Any,
+    indices: Iterable[int],
+    parallel: DictConfig | Mapping | None = None,
+    *,
+    retries: int = DEFAULT_RETRIES,
+    retry_delay_s: float | Iterable[float] = DEFAULT_RETRY_DELAY_S,
+    on_error: str = "fail",
+    max_failed_ratio: float = DEFAULT_MAX_FAILED_RATIO,
+    min_free_mb: float = DEFAULT_MIN_FREE_MB,
+    prefetch: int | bool = DEFAULT_PREFETCH,
+) -> Any:
     """Run ``runner`` over ``indices`` as a run of the flow ``run-runner``; return ``runner.merge(...)``.
 
     ``runner``: any instance with a static or class-level ``forward`` and ESPnet3's attributes
@@ -108,8 +122,14 @@ def run(runner: Any, indices: Iterable[int], parallel: DictConfig | Mapping | No
     if parallel is None:
         parallel = active_parallel_config() or DEFAULT_PARALLEL
     _main_guard("run()", (parallel.get("env") if isinstance(parallel, Mapping) else None) or "local")
-    control = {"retries": retries, "retry_delay_s": retry_delay_s, "on_error": on_error,
-               "max_failed_ratio": max_failed_ratio, "min_free_mb": min_free_mb, "prefetch": prefetch}
+    control = {
+        "retries": retries,
+        "retry_delay_s": retry_delay_s,
+        "on_error": on_error,
+        "max_failed_ratio": max_failed_ratio,
+        "min_free_mb": min_free_mb,
+        "prefetch": prefetch,
+    }
     job = prepare_job(runner, indices, parallel, control)
     importable_from_workers()
     return _on_api(lambda: _runner_flow(job)(job=job))
@@ -156,7 +176,8 @@ def _settled(stages) -> bool:
         return False
     logging.getLogger("espnet3_prefect").info(
         "infer: nothing to run, every test set is done and verified (no server started, no flow run): %s",
-        ", ".join(stage.test_set for stage in stages))
+        ", ".join(stage.test_set for stage in stages),
+    )
     return True
 
 

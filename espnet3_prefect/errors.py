@@ -52,8 +52,20 @@ def describe(exc: BaseException) -> str:
 
 
 #: exceptions that say the same input will fail the same way again: never retried
-DETERMINISTIC = (ConfigError, BadInputError, KeyError, IndexError, TypeError, ValueError, AttributeError,
-                 NameError, AssertionError, NotImplementedError, ImportError, ArithmeticError)
+DETERMINISTIC = (
+    ConfigError,
+    BadInputError,
+    KeyError,
+    IndexError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    NameError,
+    AssertionError,
+    NotImplementedError,
+    ImportError,
+    ArithmeticError,
+)
 
 
 def is_retryable(exc: BaseException) -> bool:

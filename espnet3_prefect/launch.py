@@ -30,9 +30,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL
@@ -42,8 +42,9 @@ logger = logging.getLogger("espnet3_prefect")
 PREFECT_STAGES = ("infer", "measure", "collect_stats")
 
 
-def launch(system_cls: type, *, conf_package: str | None = None, argv: Sequence[str] | None = None,
-           parser: Any = None) -> None:
+def launch(
+    system_cls: type, *, conf_package: str | None = None, argv: Sequence[str] | None = None, parser: Any = None
+) -> None:
     """ESPnet3's ``launch(system_cls, ...)`` with the parallel stages on Prefect (same arguments)."""
     espnet3_launch = _espnet3_launch()
     espnet3_launch(on_prefect(system_cls), conf_package=conf_package, argv=argv, parser=parser)
@@ -59,10 +60,19 @@ def on_prefect(system_cls: type) -> type:
         raise ConfigError(f"launch: expected a system class such as ASRSystem, got {system_cls!r}")
     if getattr(system_cls, "_espnet3_prefect_base", None) is not None:
         return system_cls
-    return type(system_cls.__name__, (system_cls,), {
-        "__module__": system_cls.__module__, "__qualname__": system_cls.__qualname__,
-        "__doc__": system_cls.__doc__, "_espnet3_prefect_base": system_cls,
-        "infer": _infer, "measure": _measure, "collect_stats": _collect_stats})
+    return type(
+        system_cls.__name__,
+        (system_cls,),
+        {
+            "__module__": system_cls.__module__,
+            "__qualname__": system_cls.__qualname__,
+            "__doc__": system_cls.__doc__,
+            "_espnet3_prefect_base": system_cls,
+            "infer": _infer,
+            "measure": _measure,
+            "collect_stats": _collect_stats,
+        },
+    )
 
 
 def system_from_path(path: str) -> type:
@@ -87,16 +97,22 @@ def default_system(recipe_dir: Path) -> str:
         module = importlib.import_module(module_name)
         base = importlib.import_module("espnet3.systems.base.system").BaseSystem
     except ImportError:
-        raise ConfigError(f"--system: not given, and {recipe_dir.name!r} (this folder's name) is not an ESPnet3 "
-                          f"system ({module_name} does not import); pass --system module.Class") from None
-    found = [obj for obj in vars(module).values()
-             if isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == module_name]
+        raise ConfigError(
+            f"--system: not given, and {recipe_dir.name!r} (this folder's name) is not an ESPnet3 "
+            f"system ({module_name} does not import); pass --system module.Class"
+        ) from None
+    found = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == module_name
+    ]
     if len(found) != 1:
         raise ConfigError(f"--system: {module_name} defines {len(found)} system classes; pass --system module.Class")
     return f"{module_name}.{found[0].__name__}"
 
 
 # -- the stages that change hands ------------------------------------------------------------------
+
 
 def _infer(self, *args, **kwargs):
     """Run inference on the configured test sets as the Prefect flow ``infer``."""
@@ -166,9 +182,11 @@ def _unbatched(indices: list, batch_size: int | None, name: str) -> tuple[list[i
         return indices, batch_size
     size = len(indices[0])
     flat = [i for batch in indices for i in batch]
-    if size == 0 or [list(b) for b in indices] != [flat[i:i + size] for i in range(0, len(flat), size)]:
-        raise ConfigError(f"{name}: its batches are not consecutive chunks of one size; give a flat list of "
-                          f"indices and set batch_size instead")
+    if size == 0 or [list(b) for b in indices] != [flat[i : i + size] for i in range(0, len(flat), size)]:
+        raise ConfigError(
+            f"{name}: its batches are not consecutive chunks of one size; give a flat list of "
+            f"indices and set batch_size instead"
+        )
     return flat, size
 
 
@@ -176,9 +194,9 @@ def _espnet3_launch():
     try:
         return importlib.import_module("espnet3.systems.launch").launch
     except ImportError as exc:
-        raise ConfigError(f"launch: ESPnet3's launcher does not import ({exc}); "
-                          f'pip install "espnet[asr]==202611"') from None
+        raise ConfigError(
+            f'launch: ESPnet3\'s launcher does not import ({exc}); pip install "espnet[asr]==202611"'
+        ) from None
 
 
-__all__ = ["PREFECT_STAGES", "default_system", "espnet3_runners_on_prefect", "launch", "on_prefect",
-           "system_from_path"]
+__all__ = ["PREFECT_STAGES", "default_system", "espnet3_runners_on_prefect", "launch", "on_prefect", "system_from_path"]

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from espnet3_prefect.errors import ConfigError
 
-MESSAGE = ("{what} was called at the top level of {script}; put the script's top-level code under "
-           "`if __name__ == \"__main__\":` (local Dask workers re-import the main script, as with any "
-           "multiprocessing program)")
+MESSAGE = (
+    "{what} was called at the top level of {script}; put the script's top-level code under "
+    '`if __name__ == "__main__":` (local Dask workers re-import the main script, as with any '
+    "multiprocessing program)"
+)
 
 
 def _is_guard(node: ast.stmt) -> bool:

@@ -10,8 +10,9 @@ and marks the flow run of a killed earlier holder Crashed.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from espnet3_prefect.errors import Espnet3PrefectError, describe, is_retryable
 from espnet3_prefect.execution.run_states import mark_flow_run_crashed, mark_task_run_crashed
@@ -39,8 +40,16 @@ class DaskExecutor:
     merge is recorded, its env sized from the dataset); else a runner job named ``what``.
     """
 
-    def __init__(self, open_runner: Callable[[], Any], log, *, infer: bool, what: str | None = None,
-                 before_start: Callable[[], None] | None = None, make_builder: Callable[[], Any] | None = None):
+    def __init__(
+        self,
+        open_runner: Callable[[], Any],
+        log,
+        *,
+        infer: bool,
+        what: str | None = None,
+        before_start: Callable[[], None] | None = None,
+        make_builder: Callable[[], Any] | None = None,
+    ):
         self._open_runner, self._before_start, self._make_builder = open_runner, before_start, make_builder
         self._stack = contextlib.ExitStack()
         self.runner = None
@@ -65,8 +74,11 @@ class DaskExecutor:
 
     def build_env(self, stage: Stage) -> dict:
         builder = stage.builder if stage.builder is not None else self._make_builder()
-        return self._task_runner().submit(build_env, {"work": stage.work, "builder": builder,
-                                                      "sized": self.records_merge}).result()
+        return (
+            self._task_runner()
+            .submit(build_env, {"work": stage.work, "builder": builder, "sized": self.records_merge})
+            .result()
+        )
 
     def run_shards(self, stage: Stage, shards: list[Shard], redo: dict[int, bool]) -> ShardOutcome:
         return run_shards(self._task_runner(), stage, shards, redo, what=self.what, kind=self.kind)
@@ -84,8 +96,9 @@ class DaskExecutor:
             pass
 
 
-def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, what: str | None = None,
-               kind: str = "infer") -> ShardOutcome:
+def run_shards(
+    runner, stage, shards: list[Shard], redo: dict[int, bool], *, what: str | None = None, kind: str = "infer"
+) -> ShardOutcome:
     """Submit every shard and book them as they finish. The first failure that a retry cannot fix
     (bad input, bad config) stops the stage at once; other failures (a worker that keeps dying,
     retries exhausted) let the remaining shards finish, so their work is kept, then fail it.
@@ -107,8 +120,12 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
     pending: dict = {}
     submitted = time.perf_counter()
     for shard in shards:
-        task = run_shard.with_options(result_storage=stage.layout.cache_dir, refresh_cache=redo[shard.index],
-                                      retries=stage.retries, retry_delay_seconds=list(stage.retry_delay_s))
+        task = run_shard.with_options(
+            result_storage=stage.layout.cache_dir,
+            refresh_cache=redo[shard.index],
+            retries=stage.retries,
+            retry_delay_seconds=list(stage.retry_delay_s),
+        )
         future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]})
         pending[future.wrapped_future.key] = (future, shard)
     outcome = ShardOutcome(timing=empty_timing())
@@ -121,8 +138,9 @@ def run_shards(runner, stage, shards: list[Shard], redo: dict[int, bool], *, wha
             line = shard_failure(future, shard, exc)
             if not is_retryable(exc):
                 runner.client.cancel([f.wrapped_future for f, _ in pending.values()])
-                raise Espnet3PrefectError(f"{what}: {line} (not retried: the same input "
-                                          f"fails the same way; the other shards were stopped)") from None
+                raise Espnet3PrefectError(
+                    f"{what}: {line} (not retried: the same input fails the same way; the other shards were stopped)"
+                ) from None
             failures.append(line)
             continue
         cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
@@ -164,8 +182,13 @@ def shard_failure(future, shard: Shard, exc: Exception) -> str:
         from espnet3_prefect.tasks.run_shard import run_shard
 
         message = f"{where}: its worker died while running it ({type(exc).__name__}); not retried further"
-        mark_task_run_crashed(future.task_run_id, message, task=run_shard,
-                              name=f"run-shard-{shard.test_set}-{shard.index}", flow_run_id=flow_run.id)
+        mark_task_run_crashed(
+            future.task_run_id,
+            message,
+            task=run_shard,
+            name=f"run-shard-{shard.test_set}-{shard.index}",
+            flow_run_id=flow_run.id,
+        )
         return message
     return f"{where}: {describe(exc)}"
 
@@ -179,6 +202,7 @@ def take_run_lock(folder: Path, logger) -> RunLock:
     if stale:
         logger.warning("took over the lock of a run that is gone (pid %s on %s)", stale.get("pid"), stale.get("host"))
         if stale.get("flow_run_id") and mark_flow_run_crashed(
-                stale["flow_run_id"], f"its process (pid {stale.get('pid')} on {stale.get('host')}) is gone"):
+            stale["flow_run_id"], f"its process (pid {stale.get('pid')} on {stale.get('host')}) is gone"
+        ):
             logger.warning("marked the stale flow run %s as Crashed", stale["flow_run_id"])
     return lock

@@ -24,8 +24,7 @@ from espnet3_prefect.pipeline.stage import Stage, stages_for_run
 
 @flow(name="infer", log_prints=True, on_cancellation=[cancel_jobs_hook], on_crashed=[cancel_jobs_hook])
 @fails_with_its_message
-def infer(config: list[str] | str | dict, overrides: list[str] | None = None,
-          workdir: str | None = None) -> list[dict]:
+def infer(config: list[str] | str | dict, overrides: list[str] | None = None, workdir: str | None = None) -> list[dict]:
     """Run the ESPnet3 infer stage for every test set of ``config``: config files merged left to
     right (or one already-loaded config as a dict), then ``overrides``.
 
@@ -49,8 +48,12 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None,
         logger.info("prepared data: %s", made)
     lock = take_run_lock(stages[0].layout.run_lock_dir, logger)
     try:
-        logger.info("parallel: env=%s n_workers=%d; test sets: %s", spec.env, spec.n_workers,
-                    ", ".join(s.test_set for s in stages))
+        logger.info(
+            "parallel: env=%s n_workers=%d; test sets: %s",
+            spec.env,
+            spec.n_workers,
+            ", ".join(s.test_set for s in stages),
+        )
         summaries = _run_stages(spec, stages, logger)
     finally:
         lock.release()
@@ -67,15 +70,24 @@ def _run_stages(spec, stages: list[Stage], logger) -> list[dict]:
         summary, why = already_complete(stage, sizing[stage.test_set])
         finished[stage.test_set] = summary
         if summary:
-            logger.info("%s: all %d shards done and verified, merged outputs intact: nothing to run",
-                        stage.test_set, summary.shards)
+            logger.info(
+                "%s: all %d shards done and verified, merged outputs intact: nothing to run",
+                stage.test_set,
+                summary.shards,
+            )
         else:
             logger.info("%s: to run (%s)", stage.test_set, why)
     todo = [s for s in stages if finished[s.test_set] is None]
     if todo:
+
         def open_runner():
-            return open_task_runner(spec, log_root=stages[0].layout.inference_dir, logger=logger,
-                                    worker_preload=TASK_PRELOAD, forkserver_preload=FORKSERVER_PRELOAD)
+            return open_task_runner(
+                spec,
+                log_root=stages[0].layout.inference_dir,
+                logger=logger,
+                worker_preload=TASK_PRELOAD,
+                forkserver_preload=FORKSERVER_PRELOAD,
+            )
 
         with DaskExecutor(open_runner, logger, infer=True) as executor:
             for stage in todo:

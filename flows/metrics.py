@@ -2,8 +2,8 @@
 
 config -> validate (every metric instantiated, every binding and SCP input checked) ->
 dataset-column (each ``dataset:<column>`` of each test set written once) -> score (one task per
-metric and test set, streamed) -> metrics.json (ESPnet3 202611's bytes, atomic) + its record (a re-run with nothing changed
-starts no flow: espnet3_prefect.metrics.record) -> table artifact.
+metric and test set, streamed) -> metrics.json (ESPnet3 202611's bytes, atomic) + its record (a re-run
+with nothing changed starts no flow: espnet3_prefect.metrics.record) -> table artifact.
 """
 
 from __future__ import annotations
@@ -14,20 +14,25 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from prefect import flow, get_run_logger
 
-from espnet3_prefect.errors import Espnet3PrefectError, one_line
-from espnet3_prefect.metrics.record import write_results
-from espnet3_prefect.metrics.prepare import MetricSpec, MetricsPlan, load_any, load_inference_config, prepare_metrics
-from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
-from espnet3_prefect.tasks.score import dataset_column, score
 from espnet3_prefect._internal.util import as_list, is_number
+from espnet3_prefect.errors import Espnet3PrefectError, one_line
 from espnet3_prefect.execution.run_states import fails_with_its_message
+from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
+from espnet3_prefect.metrics.prepare import MetricSpec, MetricsPlan, load_any, load_inference_config, prepare_metrics
+from espnet3_prefect.metrics.record import write_results
+from espnet3_prefect.pipeline.report import quiet_console
+from espnet3_prefect.tasks.score import dataset_column, score
 
 
 @flow(name="metrics", log_prints=True, validate_parameters=True)
 @fails_with_its_message
-def metrics(config: list[str] | str | dict, overrides: list[str] | None = None, workdir: str | None = None,
-            inference_config: list[str] | str | dict | None = None,
-            inference_overrides: list[str] | None = None) -> dict[str, dict[str, Any]]:
+def metrics(
+    config: list[str] | str | dict,
+    overrides: list[str] | None = None,
+    workdir: str | None = None,
+    inference_config: list[str] | str | dict | None = None,
+    inference_overrides: list[str] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Run the ESPnet3 metrics stage for ``config`` (files merged left to right, then overrides).
 
     ``inference_config`` (files, then ``inference_overrides``; or a mapping) is the test set
@@ -38,18 +43,26 @@ def metrics(config: list[str] | str | dict, overrides: list[str] | None = None, 
 
         espnet3-prefect metrics --config conf/metrics.yaml --inference-config conf/inference.yaml
     """
+    quiet_console()  # one terminal line per task run
     enter_workdir(workdir)
     preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
     cfg = load_any(config if isinstance(config, dict) else as_list(config), as_list(overrides), "config")
     icfg = load_inference_config(inference_config, as_list(inference_overrides))
     plan = prepare_metrics(cfg, inference_config=icfg)  # every config mistake fails here, before any scoring
     logger = get_run_logger()
-    logger.info("metrics %s on test sets %s in %s", ", ".join(s.label for s in plan.metrics),
-                ", ".join(plan.test_sets), plan.inference_dir)
+    logger.info(
+        "metrics %s on test sets %s in %s",
+        ", ".join(s.label for s in plan.metrics),
+        ", ".join(plan.test_sets),
+        plan.inference_dir,
+    )
     plain_icfg = OmegaConf.to_container(icfg, resolve=True) if isinstance(icfg, DictConfig) else None
-    columns = {(test_set, column): dataset_column.submit(plain_icfg, plan.inference_dir, test_set, column,
-                                                         plan.dataset_artifacts.get(column))
-               for test_set, column in plan.dataset_columns()}
+    columns = {
+        (test_set, column): dataset_column.submit(
+            plain_icfg, plan.inference_dir, test_set, column, plan.dataset_artifacts.get(column)
+        )
+        for test_set, column in plan.dataset_columns()
+    }
     futures, waits = {}, {}
     for spec in plan.metrics:
         instances = _instances(spec, len(plan.test_sets))
@@ -59,8 +72,9 @@ def metrics(config: list[str] | str | dict, overrides: list[str] | None = None, 
             if instances is None and previous is not None:
                 wait.append(previous)  # one instance (it cannot be copied): its test sets in turn
             metric = spec.metric if instances is None else instances[j]
-            previous = futures[(spec.key, test_set)] = score.submit(spec, test_set, plan.inference_dir, metric,
-                                                                    wait_for=wait)
+            previous = futures[(spec.key, test_set)] = score.submit(
+                spec, test_set, plan.inference_dir, metric, wait_for=wait
+            )
             waits[(spec.key, test_set)] = wait
     failures, failed = [], set()
     for (test_set, column), future in columns.items():
@@ -107,8 +121,11 @@ def score_rows(plan: MetricsPlan, results: dict[str, dict[str, Any]]) -> list[di
 def publish_scores(plan: MetricsPlan, results: dict[str, dict[str, Any]]) -> None:
     from prefect.artifacts import create_table_artifact
 
-    create_table_artifact(table=score_rows(plan, results), key="metrics-scores",
-                          description=f"metrics of {plan.inference_dir} (percent for WER/CER)")
+    create_table_artifact(
+        table=score_rows(plan, results),
+        key="metrics-scores",
+        description=f"metrics of {plan.inference_dir} (percent for WER/CER)",
+    )
 
 
 def headline(label: str, result: dict[str, Any]) -> Any:

@@ -42,17 +42,34 @@ def run_runner(job: Any) -> Any:
     check_writable(layout.root, stage.min_free_mb, key=f"{job.name}.output_dir")
 
     def open_runner():
-        return open_task_runner(spec, log_root=layout.inference_dir, logger=logger, worker_preload=TASK_PRELOAD,
-                                forkserver_preload=FORKSERVER_PRELOAD)
+        return open_task_runner(
+            spec,
+            log_root=layout.inference_dir,
+            logger=logger,
+            worker_preload=TASK_PRELOAD,
+            forkserver_preload=FORKSERVER_PRELOAD,
+        )
 
     def before_start():
-        logger.info("%s: %d items in %d shards; parallel: env=%s n_workers=%d", job.name, job.n_items,
-                    len(job.shards), spec.env, spec.n_workers)
+        logger.info(
+            "%s: %d items in %d shards; parallel: env=%s n_workers=%d",
+            job.name,
+            job.n_items,
+            len(job.shards),
+            spec.env,
+            spec.n_workers,
+        )
 
     lock = take_run_lock(layout.root, logger)
     try:
-        with DaskExecutor(open_runner, logger, infer=False, what=f"{job.name} over {layout.root}",
-                          before_start=before_start, make_builder=job.builder) as executor:
+        with DaskExecutor(
+            open_runner,
+            logger,
+            infer=False,
+            what=f"{job.name} over {layout.root}",
+            before_start=before_start,
+            make_builder=job.builder,
+        ) as executor:
             summary, result = drive_stage(stage, executor, shards=job.shards)
     finally:
         lock.release()
@@ -64,5 +81,8 @@ def run_runner(job: Any) -> Any:
 def _publish(summary: dict) -> None:
     from prefect.artifacts import create_table_artifact
 
-    create_table_artifact(table=summary_rows([summary]), key="run-runner-summary",
-                          description=f"{KIND} {summary['test_set']}: shards run / cached, items, seconds, items/s")
+    create_table_artifact(
+        table=summary_rows([summary]),
+        key="run-runner-summary",
+        description=f"{KIND} {summary['test_set']}: shards run / cached, items, seconds, items/s",
+    )

@@ -105,7 +105,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def main() -> int:
     edges = graph()
-    short = lambda m: m[len(PACKAGE) + 1:] or PACKAGE  # noqa: E731
+    short = lambda m: m[len(PACKAGE) + 1 :] or PACKAGE  # noqa: E731
     if "--dot" in sys.argv:
         print("digraph imports {")
         for node, targets in sorted(edges.items()):

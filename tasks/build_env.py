@@ -5,10 +5,10 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from espnet3_prefect.pipeline.report import quiet_console
 from espnet3_prefect.errors import BadInputError, ConfigError, is_retryable
-from espnet3_prefect.pipeline.sizing import check_input_keys, dataset_id
 from espnet3_prefect.pipeline.env import EnvPlugin, get_env
+from espnet3_prefect.pipeline.report import quiet_console
+from espnet3_prefect.pipeline.sizing import check_input_keys, dataset_id
 
 
 def retry_if_it_can_help(task, task_run, state) -> bool:
@@ -20,8 +20,14 @@ def retry_if_it_can_help(task, task_run, state) -> bool:
     return True
 
 
-@task(name="build-env", task_run_name="build-env-{work.test_set}", retries=1, retry_delay_seconds=2,
-      retry_condition_fn=retry_if_it_can_help, cache_policy=NO_CACHE)
+@task(
+    name="build-env",
+    task_run_name="build-env-{work.test_set}",
+    retries=1,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_if_it_can_help,
+    cache_policy=NO_CACHE,
+)
 def build_env(work, builder, sized: bool = True) -> dict:
     """Register an :class:`EnvPlugin` (every worker builds the env, in a thread) and, when ``sized``,
     size the dataset.
@@ -37,8 +43,10 @@ def build_env(work, builder, sized: bool = True) -> dict:
         logger.info("env %s built on %d worker(s): %s", work.env_key, workers, ", ".join(sorted(env)) or "(empty)")
         return {"workers": workers, "keys": sorted(env)}
     if "dataset" not in env:
-        raise ConfigError(f"provider: its env has no 'dataset' entry (it has: {', '.join(sorted(env))}); "
-                          f"the infer stage needs len(dataset)")
+        raise ConfigError(
+            f"provider: its env has no 'dataset' entry (it has: {', '.join(sorted(env))}); "
+            f"the infer stage needs len(dataset)"
+        )
     n_items = len(env["dataset"])
     if n_items == 0:
         raise BadInputError(f"test set {work.test_set!r}: dataset is empty; check the dataset manifest")

@@ -17,8 +17,9 @@ from espnet3_prefect.pipeline.merge import merge_stage
 
 
 @task(name="merge", task_run_name="merge-{stage.test_set}", cache_policy=NO_CACHE, retries=0)
-def merge_shards(stage, shards: list, n_items: int, record: bool = True,
-                 what: str | None = None) -> tuple[Any, dict[str, str]]:
+def merge_shards(
+    stage, shards: list, n_items: int, record: bool = True, what: str | None = None
+) -> tuple[Any, dict[str, str]]:
     """Merge ``shards`` (in plan order) with ``stage.runner.merge``; returns what it returned and the
     merged outputs by name (``record``: the infer stage's commit record is written)."""
     return merge_stage(stage, shards, n_items, record=record, log=get_run_logger(), what=what)

@@ -25,8 +25,12 @@ import sys
 
 #: imported by :func:`warm_up`: the worker side of the task runner, the Prefect task engine (imported
 #: lazily by the first task run) and every task module a worker runs
-MODULES = ("espnet3_prefect.execution.task_runner", "prefect.task_engine", "espnet3_prefect.tasks.build_env",
-           "espnet3_prefect.tasks.run_shard")
+MODULES = (
+    "espnet3_prefect.execution.task_runner",
+    "prefect.task_engine",
+    "espnet3_prefect.tasks.build_env",
+    "espnet3_prefect.tasks.run_shard",
+)
 
 #: set on the worker by :func:`dask_setup` (tests read it through ``client.run``)
 WARMED = "espnet3_prefect_warmed"

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from espnet3_prefect.pipeline.report import quiet_console
 from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.pipeline.env import get_env
 from espnet3_prefect.pipeline.marker import check_marker, read_marker
 from espnet3_prefect.pipeline.plan import Shard
+from espnet3_prefect.pipeline.report import quiet_console
 from espnet3_prefect.pipeline.shard import process_shard
-from espnet3_prefect.pipeline.env import get_env
-
 from espnet3_prefect.tasks.build_env import retry_if_it_can_help
 
 
@@ -40,12 +39,19 @@ def _same_folder(work, env: dict) -> None:
     import os
 
     if not os.path.isabs(str(env.get("output_dir", "/"))) and work.cwd and os.getcwd() != work.cwd:
-        raise ConfigError(f"inference_dir: {env['output_dir']!r} is relative, and this worker runs in {os.getcwd()}, "
-                          f"not in {work.cwd} where the run started; set an absolute inference_dir")
+        raise ConfigError(
+            f"inference_dir: {env['output_dir']!r} is relative, and this worker runs in {os.getcwd()}, "
+            f"not in {work.cwd} where the run started; set an absolute inference_dir"
+        )
 
 
-@task(name="run-shard", task_run_name="run-shard-{work.test_set}-{shard[index]}", cache_key_fn=shard_cache_key,
-      persist_result=True, retry_condition_fn=retry_if_it_can_help)
+@task(
+    name="run-shard",
+    task_run_name="run-shard-{work.test_set}-{shard[index]}",
+    cache_key_fn=shard_cache_key,
+    persist_result=True,
+    retry_condition_fn=retry_if_it_can_help,
+)
 def run_shard(work, shard: dict, force: bool = False) -> dict:
     """Run one shard and mark it done; return its summary (counts and seconds, never the data).
 
@@ -67,13 +73,31 @@ def run_shard(work, shard: dict, force: bool = False) -> dict:
     env = get_env(work.env_key, _worker_builder(work))
     _same_folder(work, env)
     result = process_shard(
-        work.runner_cls, Shard(**shard), env, work.layout, on_error=work.on_error, idx_key=work.idx_key,
+        work.runner_cls,
+        Shard(**shard),
+        env,
+        work.layout,
+        on_error=work.on_error,
+        idx_key=work.idx_key,
         marker={"fingerprint": work.fingerprint, "identity": work.identity, "flow_run_id": run_id},
-        flow_run_id=run_id, allow_overwrite_lock=work.allow_overwrite_lock, log=logger.warning,
-        prefetch=getattr(work, "prefetch", 0))
-    logger.info("%s: %d items [%d, %d) in %.2f s", shard_dir.name, result["items"], shard["start"], shard["stop"],
-                result["seconds"])
+        flow_run_id=run_id,
+        allow_overwrite_lock=work.allow_overwrite_lock,
+        log=logger.warning,
+        prefetch=getattr(work, "prefetch", 0),
+    )
+    logger.info(
+        "%s: %d items [%d, %d) in %.2f s",
+        shard_dir.name,
+        result["items"],
+        shard["start"],
+        shard["stop"],
+        result["seconds"],
+    )
     if result["failed"]:
-        logger.warning("%s: %d item(s) failed and were skipped (on_error: skip); see %s/failures.jsonl",
-                       shard_dir.name, result["failed"], shard_dir)
+        logger.warning(
+            "%s: %d item(s) failed and were skipped (on_error: skip); see %s/failures.jsonl",
+            shard_dir.name,
+            result["failed"],
+            shard_dir,
+        )
     return {**result, "reused": False}

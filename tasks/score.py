@@ -10,10 +10,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from espnet3_prefect.metrics.dataset_columns import dataset_column_scp
-from espnet3_prefect.errors import BadInputError
-from espnet3_prefect.metrics.metric_contract import check_metric_output
 from espnet3_prefect._internal.scp import ScpField, count_aligned
+from espnet3_prefect.errors import BadInputError
+from espnet3_prefect.metrics.dataset_columns import dataset_column_scp
+from espnet3_prefect.metrics.metric_contract import check_metric_output
 
 
 @task(name="dataset-column", task_run_name="dataset-{test_set}-{column}", cache_policy=NO_CACHE, retries=0)
@@ -51,6 +51,7 @@ def score(spec, test_set: str, inference_dir: Path, metric: Any = None) -> dict:
         json.dumps(result, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise BadInputError(f"metric {spec.key}: result is not JSON-serializable: {exc}") from None
-    logger.info("%s on %s: %d utterances in %.2f s: %s", spec.label, test_set, n_utts,
-                time.perf_counter() - started, result)
+    logger.info(
+        "%s on %s: %d utterances in %.2f s: %s", spec.label, test_set, n_utts, time.perf_counter() - started, result
+    )
     return result

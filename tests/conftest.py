@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-
 import os
 from pathlib import Path
 
@@ -21,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FSDD = ROOT.parent / "shared" / "data" / "fsdd" / "recordings"
 
 # Batch jobs and spawned workers import tests.helpers.* too.
-os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+)
 
 
 @pytest.fixture(scope="session")
@@ -53,21 +54,26 @@ def write_yaml(path: Path, data: dict) -> Path:
     return path
 
 
-def toy_config(tmp_path: Path, n: int = 23, *, n_workers: int = 2, num_shards: int = 5,
-               batch_size=None, bad=None, **extra) -> dict:
+def toy_config(
+    tmp_path: Path, n: int = 23, *, n_workers: int = 2, num_shards: int = 5, batch_size=None, bad=None, **extra
+) -> dict:
     """An ESPnet3-shaped inference config for the toy recipe (logs go next to the outputs)."""
     cfg = {
         "inference_dir": str(tmp_path / "inference"),
         "toy": {"build_log": str(tmp_path / "builds.log")},
-        "dataset": {"_target_": "tests.helpers.toy.ToyOrganizer",
-                    "test": [{"name": "test_a", "n": n, **({"bad": bad} if bad else {})}]},
+        "dataset": {
+            "_target_": "tests.helpers.toy.ToyOrganizer",
+            "test": [{"name": "test_a", "n": n, **({"bad": bad} if bad else {})}],
+        },
         "model": {"_target_": "tests.helpers.toy.ToyModel", "scale": 3},
         "input_key": "x",
         "output_fn": "tests.helpers.toy.toy_output_fn",
         "idx_key": "utt_id",
         "batch_size": batch_size,
-        "provider": {"_target_": "tests.helpers.toy.CountingProvider",
-                     "params": {"forward_log": str(tmp_path / "forward.log")}},
+        "provider": {
+            "_target_": "tests.helpers.toy.CountingProvider",
+            "params": {"forward_log": str(tmp_path / "forward.log")},
+        },
         "runner": {"_target_": "tests.helpers.toy.CountingRunner", "resume": True, "retries": 0},
         "parallel": {"env": "local", "n_workers": n_workers, "num_shards": num_shards},
     }

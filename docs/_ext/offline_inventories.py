@@ -27,40 +27,72 @@ from pathlib import Path
 # anchor is the documented name (Sphinx's own anchor); Prefect's pages (not Sphinx) are per module,
 # with the lower-cased object name as the heading anchor.
 PROJECTS: dict[str, tuple[str, str, dict[str, str]]] = {
-    "dask": ("dask", "https://docs.dask.org/en/stable/", {
-        "dask.config.set": "configuration.html",
-        "dask.config.get": "configuration.html",
-        "distributed.deploy.ssh.SSHCluster": "deploying-ssh.html",
-    }),
-    "distributed": ("distributed", "https://distributed.dask.org/en/stable/", {
-        "distributed.Client": "api.html",
-        "distributed.LocalCluster": "api.html",
-        "distributed.SpecCluster": "api.html",
-        "distributed.Future": "api.html",
-        "distributed.deploy.Adaptive": "api.html",
-        "distributed.diagnostics.plugin.WorkerPlugin": "plugins.html",
-        "distributed.diagnostics.plugin.NannyPlugin": "plugins.html",
-    }),
-    "dask_jobqueue": ("dask-jobqueue", "https://jobqueue.dask.org/en/latest/", {
-        f"dask_jobqueue.{name}": f"generated/dask_jobqueue.{name}.html"
-        for name in ("SLURMCluster", "SGECluster", "PBSCluster", "LSFCluster", "HTCondorCluster",
-                     "MoabCluster", "OARCluster")
-    }),
-    "prefect": ("prefect", "https://docs.prefect.io/v3/api-ref/python/", {
-        "prefect.flow": "prefect-flows#flow",
-        "prefect.flows.Flow": "prefect-flows#flow",
-        "prefect.task": "prefect-tasks#task",
-        "prefect.tasks.Task": "prefect-tasks#task",
-        "prefect.task_runners.ThreadPoolTaskRunner": "prefect-task_runners#threadpooltaskrunner",
-    }),
-    "prefect_dask": ("prefect-dask", "https://docs.prefect.io/integrations/prefect-dask/", {
-        "prefect_dask.DaskTaskRunner": "index#run-tasks-on-dask",
-        "prefect_dask.task_runners.DaskTaskRunner": "index#run-tasks-on-dask",
-    }),
+    "dask": (
+        "dask",
+        "https://docs.dask.org/en/stable/",
+        {
+            "dask.config.set": "configuration.html",
+            "dask.config.get": "configuration.html",
+            "distributed.deploy.ssh.SSHCluster": "deploying-ssh.html",
+        },
+    ),
+    "distributed": (
+        "distributed",
+        "https://distributed.dask.org/en/stable/",
+        {
+            "distributed.Client": "api.html",
+            "distributed.LocalCluster": "api.html",
+            "distributed.SpecCluster": "api.html",
+            "distributed.Future": "api.html",
+            "distributed.deploy.Adaptive": "api.html",
+            "distributed.diagnostics.plugin.WorkerPlugin": "plugins.html",
+            "distributed.diagnostics.plugin.NannyPlugin": "plugins.html",
+        },
+    ),
+    "dask_jobqueue": (
+        "dask-jobqueue",
+        "https://jobqueue.dask.org/en/latest/",
+        {
+            f"dask_jobqueue.{name}": f"generated/dask_jobqueue.{name}.html"
+            for name in (
+                "SLURMCluster",
+                "SGECluster",
+                "PBSCluster",
+                "LSFCluster",
+                "HTCondorCluster",
+                "MoabCluster",
+                "OARCluster",
+            )
+        },
+    ),
+    "prefect": (
+        "prefect",
+        "https://docs.prefect.io/v3/api-ref/python/",
+        {
+            "prefect.flow": "prefect-flows#flow",
+            "prefect.flows.Flow": "prefect-flows#flow",
+            "prefect.task": "prefect-tasks#task",
+            "prefect.tasks.Task": "prefect-tasks#task",
+            "prefect.task_runners.ThreadPoolTaskRunner": "prefect-task_runners#threadpooltaskrunner",
+        },
+    ),
+    "prefect_dask": (
+        "prefect-dask",
+        "https://docs.prefect.io/integrations/prefect-dask/",
+        {
+            "prefect_dask.DaskTaskRunner": "index#run-tasks-on-dask",
+            "prefect_dask.task_runners.DaskTaskRunner": "index#run-tasks-on-dask",
+        },
+    ),
 }
 
-ROLES = {"module": "py:module", "class": "py:class", "function": "py:function",
-         "method": "py:method", "attribute": "py:attribute"}
+ROLES = {
+    "module": "py:module",
+    "class": "py:class",
+    "function": "py:function",
+    "method": "py:method",
+    "attribute": "py:attribute",
+}
 
 
 def resolve(name: str) -> object:
@@ -99,8 +131,10 @@ def entries(project: str) -> list[tuple[str, str, str]]:
         try:
             obj = resolve(name)
         except (ImportError, AttributeError) as exc:
-            raise RuntimeError(f"docs/_ext/offline_inventories.py: {name} ({project}) does not import "
-                               f"from the installed package: {exc}") from None
+            raise RuntimeError(
+                f"docs/_ext/offline_inventories.py: {name} ({project}) does not import "
+                f"from the installed package: {exc}"
+            ) from None
         uri = page if "#" in page else f"{page}#{name}"
         out.append((name, ROLES[kind(name, obj)], uri))
     return out
@@ -110,8 +144,10 @@ def write_inventory(project: str, folder: Path) -> Path:
     distribution, _, _ = PROJECTS[project]
     version = importlib.metadata.version(distribution)
     lines = "".join(f"{name} {role} 1 {uri} -\n" for name, role, uri in entries(project))
-    header = (f"# Sphinx inventory version 2\n# Project: {project}\n# Version: {version}\n"
-              "# The remainder of this file is compressed using zlib.\n")
+    header = (
+        f"# Sphinx inventory version 2\n# Project: {project}\n# Version: {version}\n"
+        "# The remainder of this file is compressed using zlib.\n"
+    )
     path = folder / f"{project}.inv"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_bytes(header.encode() + zlib.compress(lines.encode()))
@@ -120,5 +156,4 @@ def write_inventory(project: str, folder: Path) -> Path:
 
 def intersphinx_mapping(folder: Path) -> dict[str, tuple[str, str]]:
     """``intersphinx_mapping`` for conf.py: each project's public URL, its inventory written locally."""
-    return {project: (base, str(write_inventory(project, folder)))
-            for project, (_, base, _) in PROJECTS.items()}
+    return {project: (base, str(write_inventory(project, folder))) for project, (_, base, _) in PROJECTS.items()}

@@ -7,8 +7,9 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 
 def fsync_dir(path: Path) -> None:

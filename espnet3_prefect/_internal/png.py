@@ -9,18 +9,36 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
-PALETTE = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189),
-           (140, 86, 75), (227, 119, 194), (23, 190, 207)]
+PALETTE = [
+    (31, 119, 180),
+    (214, 39, 40),
+    (44, 160, 44),
+    (255, 127, 14),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (23, 190, 207),
+]
 COLOR_NAMES = ["blue", "red", "green", "orange", "purple", "brown", "pink", "cyan"]
 
 # 3x5 glyphs, rows top to bottom, 3 bits each (4 = left pixel).
 _FONT = {
-    "0": (7, 5, 5, 5, 7), "1": (2, 6, 2, 2, 7), "2": (7, 1, 7, 4, 7), "3": (7, 1, 7, 1, 7),
-    "4": (5, 5, 7, 1, 1), "5": (7, 4, 7, 1, 7), "6": (7, 4, 7, 5, 7), "7": (7, 1, 1, 1, 1),
-    "8": (7, 5, 7, 5, 7), "9": (7, 5, 7, 1, 7), ".": (0, 0, 0, 0, 2), "-": (0, 0, 7, 0, 0),
-    "%": (5, 1, 2, 4, 5), " ": (0, 0, 0, 0, 0),
+    "0": (7, 5, 5, 5, 7),
+    "1": (2, 6, 2, 2, 7),
+    "2": (7, 1, 7, 4, 7),
+    "3": (7, 1, 7, 1, 7),
+    "4": (5, 5, 7, 1, 1),
+    "5": (7, 4, 7, 1, 7),
+    "6": (7, 4, 7, 5, 7),
+    "7": (7, 1, 1, 1, 1),
+    "8": (7, 5, 7, 5, 7),
+    "9": (7, 5, 7, 1, 7),
+    ".": (0, 0, 0, 0, 2),
+    "-": (0, 0, 7, 0, 0),
+    "%": (5, 1, 2, 4, 5),
+    " ": (0, 0, 0, 0, 0),
 }
 
 
@@ -29,7 +47,7 @@ def encode_png(rgb: bytes | bytearray, width: int, height: int) -> bytes:
     if len(rgb) != 3 * width * height:
         raise ValueError(f"need {3 * width * height} bytes for {width}x{height} RGB, got {len(rgb)}")
     stride = 3 * width
-    raw = b"".join(b"\x00" + bytes(rgb[y * stride:(y + 1) * stride]) for y in range(height))
+    raw = b"".join(b"\x00" + bytes(rgb[y * stride : (y + 1) * stride]) for y in range(height))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
@@ -46,7 +64,7 @@ class Canvas:
     def dot(self, x: int, y: int, color) -> None:
         if 0 <= x < self.width and 0 <= y < self.height:
             i = 3 * (y * self.width + x)
-            self.pixels[i:i + 3] = bytes(color)
+            self.pixels[i : i + 3] = bytes(color)
 
     def rect(self, x0: int, y0: int, x1: int, y1: int, color) -> None:
         for y in range(max(0, y0), min(self.height, y1 + 1)):
@@ -74,8 +92,13 @@ class Canvas:
             for row, bits in enumerate(_FONT.get(ch, _FONT[" "])):
                 for col in range(3):
                     if bits & (4 >> col):
-                        self.rect(x + col * scale, y + row * scale, x + col * scale + scale - 1,
-                                  y + row * scale + scale - 1, color)
+                        self.rect(
+                            x + col * scale,
+                            y + row * scale,
+                            x + col * scale + scale - 1,
+                            y + row * scale + scale - 1,
+                            color,
+                        )
             x += 4 * scale
 
     def png(self) -> bytes:
@@ -86,8 +109,9 @@ def _label(value: float) -> str:
     return f"{value:.2f}"
 
 
-def line_chart(series: Sequence[Sequence[float | None]], width: int = 480, height: int = 240,
-               marks: Sequence[tuple[int, int]] = ()) -> bytes:
+def line_chart(
+    series: Sequence[Sequence[float | None]], width: int = 480, height: int = 240, marks: Sequence[tuple[int, int]] = ()
+) -> bytes:
     """Plot each series (one value per run, ``None`` = missing) over the run index; PNG bytes.
 
     Series colours follow :data:`PALETTE` in order (:data:`COLOR_NAMES` names them). ``marks``:
@@ -129,7 +153,11 @@ def line_chart(series: Sequence[Sequence[float | None]], width: int = 480, heigh
         value = series[index][point] if index < len(series) and point < len(series[index]) else None
         if value is not None and math.isfinite(value):
             x, y = x_of(point), y_of(value)
-            for x0, y0, x1, y1 in ((x - 6, y - 6, x + 6, y - 5), (x - 6, y + 5, x + 6, y + 6),
-                                   (x - 6, y - 6, x - 5, y + 6), (x + 5, y - 6, x + 6, y + 6)):
+            for x0, y0, x1, y1 in (
+                (x - 6, y - 6, x + 6, y - 5),
+                (x - 6, y + 5, x + 6, y + 6),
+                (x - 6, y - 6, x - 5, y + 6),
+                (x + 5, y - 6, x + 6, y + 6),
+            ):
                 canvas.rect(x0, y0, x1, y1, (0, 0, 0))
     return canvas.png()

@@ -10,8 +10,8 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from espnet3_prefect.errors import Espnet3PrefectError
 
@@ -22,8 +22,9 @@ class CommandError(Espnet3PrefectError, RuntimeError):
     """A command exited non-zero or timed out; the message holds the tail of its output."""
 
 
-def run_command(cmd: Sequence[str], *, timeout_s: float = 60, check: bool = True,
-                env: dict | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
+def run_command(
+    cmd: Sequence[str], *, timeout_s: float = 60, check: bool = True, env: dict | None = None, cwd: str | None = None
+) -> subprocess.CompletedProcess:
     """Run ``cmd``, log it, and raise :class:`CommandError` with its output when it fails.
 
     >>> run_command(["echo", "hi"]).stdout

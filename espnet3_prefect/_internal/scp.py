@@ -12,9 +12,9 @@ line is stripped, blank lines are skipped, the utt_id ends at the first whitespa
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from itertools import zip_longest
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from espnet3_prefect.errors import BadInputError
 
@@ -41,9 +41,10 @@ def plain_utt_id(value: object, where: str = "utt_id") -> str:
 
     >>> plain_utt_id(7)
     '7'
-    >>> plain_utt_id("a b")
+    >>> plain_utt_id("a b")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
-    espnet3_prefect.errors.BadInputError: utt_id 'a b': must be a plain token (no whitespace, '/' or '\\\\', not '.' or '..')
+    espnet3_prefect.errors.BadInputError: utt_id 'a b': must be a plain token (no whitespace, '/' or '\\\\', not '.'
+    or '..')
     """
     name = str(value)
     if not name or name in (".", "..") or "/" in name or "\\" in name or any(c.isspace() for c in name):
@@ -137,17 +138,19 @@ def iter_aligned(paths: Mapping[str, str | os.PathLike]) -> Iterator[tuple[str, 
     count = 0
     for rows in zip_longest(*streams):
         first = rows[0]
-        for name, path, row in zip(names, files, rows):
+        for path, row in zip(files, rows):
             if row is None:
                 other = next(r for r in rows if r is not None)
                 raise BadInputError(
                     f"{path}: ends after {count} utterances but {files[rows.index(other)].name} continues with "
-                    f"{other[1]!r} (line {other[0]}); inputs {', '.join(names)} must list the same utt_ids")
-        for name, path, row in zip(names[1:], files[1:], rows[1:]):
+                    f"{other[1]!r} (line {other[0]}); inputs {', '.join(names)} must list the same utt_ids"
+                )
+        for path, row in zip(files[1:], rows[1:]):
             if row[1] != first[1]:
                 raise BadInputError(
                     f"{path} line {row[0]}: utt_id {row[1]!r} where {files[0]} line {first[0]} has {first[1]!r}; "
-                    f"inputs {', '.join(names)} must list the same utt_ids in the same order")
+                    f"inputs {', '.join(names)} must list the same utt_ids in the same order"
+                )
         count += 1
         yield first[1], [row[2] for row in rows]
 

@@ -69,7 +69,9 @@ def put_on_pythonpath(folder: str | os.PathLike, *, first: bool = True, here_too
 
 # The Prefect API credential on workers (api_auth.py writes the file; backends pass on its path only).
 CLIENT_FILE_VAR = "ESPNET3_PREFECT_CLIENT_FILE"
-CLIENT_FILE_PRELOAD = "espnet3_prefect.execution.worker_api"  # the Dask worker preload that reads it (dask worker --preload)
+CLIENT_FILE_PRELOAD = (
+    "espnet3_prefect.execution.worker_api"  # the Dask worker preload that reads it (dask worker --preload)
+)
 SECRET_VARS = ("PREFECT_API_AUTH_STRING", "PREFECT_API_KEY", "PREFECT_SERVER_API_AUTH_STRING")
 """Variables holding a credential: never exported to batch jobs or written on a command line."""
 
@@ -84,6 +86,7 @@ def without_secrets(environ: Any) -> dict[str, str]:
 
 
 # -- files only the user may read (TLS keys) ----------------------------------------------------
+
 
 def private_folder(directory: Path) -> Path:
     """``directory`` empty and 0700 (made here, whatever the umask; what an earlier attempt left in it

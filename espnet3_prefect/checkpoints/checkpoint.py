@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import struct
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +69,12 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"checkpoint: {path}: no such file")
     file = file.resolve()
     stat = file.stat()
-    info: dict[str, Any] = {"path": str(file), "name": file.name, **file_digest(file),
-                            "mtime": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat(timespec="seconds")}
+    info: dict[str, Any] = {
+        "path": str(file),
+        "name": file.name,
+        **file_digest(file),
+        "mtime": datetime.fromtimestamp(stat.st_mtime, UTC).isoformat(timespec="seconds"),
+    }
     numbers = parse_name(file.name)
     if numbers["epoch"] is None or numbers["step"] is None:
         inside = _from_contents(file)
@@ -102,8 +106,10 @@ def resolve_key(cfg: DictConfig, key: str | None) -> str:
     target = str(OmegaConf.select(cfg, "model._target_") or "")
     if target.endswith("Speech2Text"):
         return "model.asr_model_file"
-    raise ConfigError(f"checkpoint_key: cannot tell which key of the model config ({target or 'no _target_'}) "
-                      f"names its checkpoint file; pass checkpoint_key (e.g. model.asr_model_file)")
+    raise ConfigError(
+        f"checkpoint_key: cannot tell which key of the model config ({target or 'no _target_'}) "
+        f"names its checkpoint file; pass checkpoint_key (e.g. model.asr_model_file)"
+    )
 
 
 def order_field(infos: list[dict]) -> str | None:
@@ -138,14 +144,14 @@ def zip_complete(path: Path) -> bool:
     at = tail.rfind(b"PK\x05\x06")
     if at < 0 or len(tail) - at < 22:
         return False
-    _, _, _, _, entries, cd_size, cd_offset, comment_len = struct.unpack("<IHHHHIIH", tail[at:at + 22])
+    _, _, _, _, entries, cd_size, cd_offset, comment_len = struct.unpack("<IHHHHIIH", tail[at : at + 22])
     if at + 22 + comment_len != tail_len:
         return False
     locator = at - 20  # zip64 (torch always writes it): a locator right before the end record
-    if locator >= 0 and tail[locator:locator + 4] == b"PK\x06\x07":
-        record = struct.unpack("<Q", tail[locator + 8:locator + 16])[0] - base
-        if record < 0 or tail[record:record + 4] != b"PK\x06\x06":
+    if locator >= 0 and tail[locator : locator + 4] == b"PK\x06\x07":
+        record = struct.unpack("<Q", tail[locator + 8 : locator + 16])[0] - base
+        if record < 0 or tail[record : record + 4] != b"PK\x06\x06":
             return False
-        cd_size, cd_offset = struct.unpack("<QQ", tail[record + 40:record + 56])
+        cd_size, cd_offset = struct.unpack("<QQ", tail[record + 40 : record + 56])
         return cd_offset + cd_size == base + record
     return cd_offset + cd_size == base + at

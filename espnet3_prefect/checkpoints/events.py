@@ -24,7 +24,7 @@ import json
 import os
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +52,11 @@ def event_fields(info: dict, exp_dir: Path | None, event_id: str, latest: bool =
     the sender wants only the newest checkpoint evaluated (a queued run passes over for a newer one)."""
     payload = {k: info.get(k) for k in ("path", "name", "sha256", "bytes", "epoch", "step")}
     payload.update(exp_dir=str(exp_dir) if exp_dir else None, latest=bool(latest))
-    resource = {"prefect.resource.id": resource_id(info["sha256"]), "prefect.resource.name": info["name"],
-                "espnet3.checkpoint.path": info["path"]}
+    resource = {
+        "prefect.resource.id": resource_id(info["sha256"]),
+        "prefect.resource.name": info["name"],
+        "espnet3.checkpoint.path": info["path"],
+    }
     if exp_dir:
         resource["espnet3.exp-dir"] = str(exp_dir)
     return {"id": event_id, "event": EVENT_NAME, "resource": resource, "payload": payload}
@@ -83,13 +86,15 @@ async def _send(fields: list[dict], confirm_timeout_s: float) -> None:
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
-        raise Espnet3PrefectError("no Prefect server to send the checkpoint event to: set PREFECT_API_URL "
-                                  "(or run `espnet3-prefect deploy-local`)")
-    events = [Event(**{**f, "id": uuid.UUID(f["id"]), "occurred": datetime.now(timezone.utc)}) for f in fields]
+        raise Espnet3PrefectError(
+            "no Prefect server to send the checkpoint event to: set PREFECT_API_URL "
+            "(or run `espnet3-prefect deploy-local`)"
+        )
+    events = [Event(**{**f, "id": uuid.UUID(f["id"]), "occurred": datetime.now(UTC)}) for f in fields]
     wanted = {e.id for e in events}
     deadline = time.monotonic() + confirm_timeout_s
     async with get_client() as client:
-        window = EventOccurredFilter(since=datetime.now(timezone.utc) - timedelta(days=1))
+        window = EventOccurredFilter(since=datetime.now(UTC) - timedelta(days=1))
         while True:
             async with PrefectEventsClient() as events_client:
                 for event in events:
@@ -104,8 +109,10 @@ async def _send(fields: list[dict], confirm_timeout_s: float) -> None:
                     return
                 await asyncio.sleep(0.5)
             if time.monotonic() >= deadline:
-                raise Espnet3PrefectError(f"the server did not list checkpoint event(s) {sorted(map(str, wanted))} "
-                                          f"within {confirm_timeout_s:.0f} s of sending them")
+                raise Espnet3PrefectError(
+                    f"the server did not list checkpoint event(s) {sorted(map(str, wanted))} "
+                    f"within {confirm_timeout_s:.0f} s of sending them"
+                )
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -114,7 +121,7 @@ def _chunks(items: list, size: int) -> list[list]:
     >>> _chunks([1, 2, 3], 2)
     [[1, 2], [3]]
     """
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 class EmittedState:
@@ -125,15 +132,17 @@ class EmittedState:
         self.data: dict[str, dict] = {"emitted": {}, "pending": {}, "superseded": {}}
         self._lock_fd: int | None = None
 
-    def __enter__(self) -> "EmittedState":
+    def __enter__(self) -> EmittedState:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise Espnet3PrefectError(f"{self.path}: another checkpoint watcher or sender holds it "
-                                      f"({self.path}.lock); one at a time per state file") from None
+            raise Espnet3PrefectError(
+                f"{self.path}: another checkpoint watcher or sender holds it "
+                f"({self.path}.lock); one at a time per state file"
+            ) from None
         self._lock_fd = fd
         self.load()
         return self
@@ -166,10 +175,14 @@ class EmittedState:
         """Send one event per checkpoint of ``infos`` not known yet (in order); returns the events sent."""
         fresh = [info for info in infos if self.known(info["sha256"]) is None]
         fields = [event_fields(info, exp_dir, str(uuid.uuid4()), latest) for info in fresh]
-        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
         for f in fields:
-            self.data["pending"][f["payload"]["sha256"]] = {"event_id": f["id"], "path": f["payload"]["path"],
-                                                           "fields": f, "since": stamp}
+            self.data["pending"][f["payload"]["sha256"]] = {
+                "event_id": f["id"],
+                "path": f["payload"]["path"],
+                "fields": f,
+                "since": stamp,
+            }
         self.save()
         self.flush_pending()
         return fields
@@ -180,7 +193,7 @@ class EmittedState:
         if not pending:
             return
         send([record["fields"] for record in pending.values()])
-        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
         for sha, record in list(pending.items()):
             self.data["emitted"][sha] = {"event_id": record["event_id"], "path": record["path"], "emitted": stamp}
             del pending[sha]
@@ -195,8 +208,14 @@ def state_path(exp_dir: Path, state_file: str | Path | None = None) -> Path:
     return Path(state_file).expanduser().resolve() if state_file else Path(exp_dir).resolve() / STATE_FILE_NAME
 
 
-def checkpoint_saved(path: str | Path, *, exp_dir: str | Path | None = None, state_file: str | Path | None = None,
-                     api_url: str | None = None, latest: bool = False) -> str | None:
+def checkpoint_saved(
+    path: str | Path,
+    *,
+    exp_dir: str | Path | None = None,
+    state_file: str | Path | None = None,
+    api_url: str | None = None,
+    latest: bool = False,
+) -> str | None:
     """Tell the Prefect server a checkpoint is complete: one ``espnet3.checkpoint.saved`` event, sent and
     confirmed, unless this content was already sent (a copy, a re-save): then nothing, and None.
 
@@ -214,8 +233,11 @@ def checkpoint_saved(path: str | Path, *, exp_dir: str | Path | None = None, sta
     if api_url:
         from espnet3_prefect.server.auth import ClientCredentials
 
-        creds = ClientCredentials(api_url, os.environ.get("PREFECT_API_AUTH_STRING") or None,
-                                  ssl_cert_file=os.environ.get("PREFECT_API_SSL_CERT_FILE") or None)
+        creds = ClientCredentials(
+            api_url,
+            os.environ.get("PREFECT_API_AUTH_STRING") or None,
+            ssl_cert_file=os.environ.get("PREFECT_API_SSL_CERT_FILE") or None,
+        )
     else:
         creds = find_api(None)
     with prefect_settings(creds), EmittedState(state_path(folder, state_file)) as state:
@@ -227,8 +249,13 @@ def checkpoint_saved(path: str | Path, *, exp_dir: str | Path | None = None, sta
 def prefect_settings(creds):
     """Prefect's settings pointed at the API ``creds`` (:class:`~espnet3_prefect.server.auth.ClientCredentials`)
     reach, with its auth and, for ``https://``, its certificate, for this process, for a ``with``."""
-    from prefect.settings import (PREFECT_API_AUTH_STRING, PREFECT_API_SSL_CERT_FILE,
-                                  PREFECT_API_TLS_INSECURE_SKIP_VERIFY, PREFECT_API_URL, temporary_settings)
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_SSL_CERT_FILE,
+        PREFECT_API_TLS_INSECURE_SKIP_VERIFY,
+        PREFECT_API_URL,
+        temporary_settings,
+    )
 
     updates: dict = {PREFECT_API_URL: creds.api_url}
     if creds.auth_string:

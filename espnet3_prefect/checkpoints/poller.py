@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from espnet3_prefect._internal.atomic import file_digest
 from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, describe_checkpoint, parse_name, zip_complete

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from espnet3_prefect._internal.atomic import atomic_open
+from espnet3_prefect._internal.png import COLOR_NAMES, line_chart
 from espnet3_prefect.checkpoints.checkpoint import order_field
 from espnet3_prefect.metrics.history import series_keys
 from espnet3_prefect.pipeline.layout import CHECKPOINT_PLOT_NAME
-from espnet3_prefect._internal.png import COLOR_NAMES, line_chart
 
 CHECKPOINT_PLOT_FILE = CHECKPOINT_PLOT_NAME
 
@@ -76,12 +76,19 @@ def checkpoint_markdown(points: list[dict], current: dict, plot: Path | None) ->
     keys = series_keys(points)
     best = best_points(points)
     ckpt = current["checkpoint"]
-    lines = [f"# evaluate per checkpoint: {current['inference_dir']}", "",
-             f"**This run:** {_label(ckpt)}, sha256 `{ckpt['sha256'][:12]}`: {current['status']}", "",
-             f"- path: `{ckpt['path']}`", f"- config fingerprint: `{current['config_fingerprint'][:16]}`",
-             f"- order: by {order_field([p['checkpoint'] for p in points]) or 'the order they were scored'}; "
-             f"best in bold (lowest error rate, highest other score)", "",
-             f"## Trend over {len(points)} checkpoint(s)", ""]
+    lines = [
+        f"# evaluate per checkpoint: {current['inference_dir']}",
+        "",
+        f"**This run:** {_label(ckpt)}, sha256 `{ckpt['sha256'][:12]}`: {current['status']}",
+        "",
+        f"- path: `{ckpt['path']}`",
+        f"- config fingerprint: `{current['config_fingerprint'][:16]}`",
+        f"- order: by {order_field([p['checkpoint'] for p in points]) or 'the order they were scored'}; "
+        f"best in bold (lowest error rate, highest other score)",
+        "",
+        f"## Trend over {len(points)} checkpoint(s)",
+        "",
+    ]
     head = ["#", "checkpoint", "sha256", "scored (UTC)"] + [f"{label} {test}" for label, test in keys]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, point in enumerate(points):
@@ -92,16 +99,24 @@ def checkpoint_markdown(points: list[dict], current: dict, plot: Path | None) ->
             cells.append(f"**{text}** (best)" if best.get(key) == i else text)
         lines.append("| " + " | ".join(cells) + " |")
     if plot is not None and plot.is_file():
-        legend = ", ".join(f"{COLOR_NAMES[i % len(COLOR_NAMES)]}: {label} {test}" for i, (label, test) in enumerate(keys))
+        legend = ", ".join(
+            f"{COLOR_NAMES[i % len(COLOR_NAMES)]}: {label} {test}" for i, (label, test) in enumerate(keys)
+        )
         encoded = base64.b64encode(plot.read_bytes()).decode()
-        lines += ["", f"Plot `{plot}` ({legend}; the best point ringed in black):", "",
-                  f"![checkpoint trend](data:image/png;base64,{encoded})"]
+        lines += [
+            "",
+            f"Plot `{plot}` ({legend}; the best point ringed in black):",
+            "",
+            f"![checkpoint trend](data:image/png;base64,{encoded})",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def already_scored(records: list[dict], sha256: str, config_fingerprint: str) -> dict[str, Any] | None:
     """The record that scored this checkpoint content with this config, if any (latest)."""
     for record in reversed(records):
-        if (record.get("checkpoint") or {}).get("sha256") == sha256 and record.get("config_fingerprint") == config_fingerprint:
+        if (record.get("checkpoint") or {}).get("sha256") == sha256 and record.get(
+            "config_fingerprint"
+        ) == config_fingerprint:
             return record
     return None

@@ -17,12 +17,12 @@ import argparse
 import os
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
-from espnet3_prefect.errors import Espnet3PrefectError, one_line
 from espnet3_prefect._internal.util import put_on_pythonpath
 from espnet3_prefect.cli import cluster_script, deploy, detach, recipe, servers, stages, ui, watch
 from espnet3_prefect.cli.common import split_args
+from espnet3_prefect.errors import Espnet3PrefectError, one_line
 
 __all__ = ["build_parser", "main", "split_args"]
 
@@ -31,13 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="espnet3-prefect", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     infer = stages.register(sub)  # infer, metrics, evaluate
-    detach.register(infer)        # infer --detach
-    recipe.register(sub)          # run (ESPnet3's launcher arguments, passed through)
-    deploy.register(sub)          # deploy-local [--stop]
+    detach.register(infer)  # infer --detach
+    recipe.register(sub)  # run (ESPnet3's launcher arguments, passed through)
+    deploy.register(sub)  # deploy-local [--stop]
     cluster_script.register(sub)  # cluster-script
-    servers.register(sub)         # servers [--stop TARGET]
-    watch.register(sub)           # watch-checkpoints EXP_DIR
-    ui.register(sub)              # ui [TARGET]: the project's recorded runs, served again
+    servers.register(sub)  # servers [--stop TARGET]
+    watch.register(sub)  # watch-checkpoints EXP_DIR
+    ui.register(sub)  # ui [TARGET]: the project's recorded runs, served again
     return parser
 
 

@@ -23,8 +23,11 @@ from espnet3_prefect.cli.common import add_config, configs_of
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("cluster-script", help="print the job script the parallel block would submit (submits nothing)",
-                            description=__doc__.split("\n\n")[0])
+    parser = sub.add_parser(
+        "cluster-script",
+        help="print the job script the parallel block would submit (submits nothing)",
+        description=__doc__.split("\n\n")[0],
+    )
     add_config(parser)
     parser.set_defaults(handler=run_cluster_script)
 

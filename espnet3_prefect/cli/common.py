@@ -7,8 +7,9 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from espnet3_prefect.server.embedded import STATE_DIR_HELP
 
@@ -27,8 +28,9 @@ def split_args(items: Sequence[str]) -> tuple[list[str], list[str]]:
     return configs, overrides
 
 
-def add_config(parser: argparse.ArgumentParser, flag: str = "--config", help: str = CONFIG_HELP,
-               extra: bool = True) -> None:
+def add_config(
+    parser: argparse.ArgumentParser, flag: str = "--config", help: str = CONFIG_HELP, extra: bool = True
+) -> None:
     """``--config FILE_OR_OVERRIDE...`` (and, with ``extra``, more of them as positional arguments)."""
     parser.add_argument(flag, nargs="+", required=True, metavar="FILE_OR_OVERRIDE", help=help)
     if extra:
@@ -40,36 +42,52 @@ def configs_of(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return split_args([*args.config, *getattr(args, "extra", [])])
 
 
-def add_server_options(parser: argparse.ArgumentParser, state_dir_help: str = STATE_DIR_HELP,
-                       keep: bool = True) -> None:
+def add_server_options(
+    parser: argparse.ArgumentParser, state_dir_help: str = STATE_DIR_HELP, keep: bool = True
+) -> None:
     """``--state-dir`` (where the embedded server keeps its state), ``--keep-server`` and where the
     embedded server listens (``--server-host``, ``--[no-]server-auth``, ``--[no-]server-tls``)."""
     parser.add_argument("--state-dir", default=None, help=state_dir_help)
     if keep:
-        parser.add_argument("--keep-server", action="store_true",
-                            help="leave the embedded Prefect server running (to browse the UI afterwards)")
-        parser.add_argument("--server-host", default=None, metavar="ADDRESS",
-                            help="where the embedded Prefect server listens: an address, interface or host name "
-                                 "compute nodes reach (default $ESPNET3_PREFECT_SERVER_HOST, else 127.0.0.1); "
-                                 "anything but loopback turns on basic auth and HTTPS (docs/security.md)")
+        parser.add_argument(
+            "--keep-server",
+            action="store_true",
+            help="leave the embedded Prefect server running (to browse the UI afterwards)",
+        )
+        parser.add_argument(
+            "--server-host",
+            default=None,
+            metavar="ADDRESS",
+            help="where the embedded Prefect server listens: an address, interface or host name "
+            "compute nodes reach (default $ESPNET3_PREFECT_SERVER_HOST, else 127.0.0.1); "
+            "anything but loopback turns on basic auth and HTTPS (docs/security.md)",
+        )
         add_auth_switch(parser, "--server-auth")
         add_tls_switch(parser, "--server-tls")
 
 
 def add_auth_switch(parser: argparse.ArgumentParser, flag: str) -> None:
     """``--auth``/``--no-auth`` style switch: None (auth off loopback only), True, False (refused off loopback)."""
-    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                        help="basic auth for the Prefect API: on by default off loopback, where it cannot be "
-                             "turned off; turn it on for 127.0.0.1 too (other users of this machine)")
+    parser.add_argument(
+        flag,
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="basic auth for the Prefect API: on by default off loopback, where it cannot be "
+        "turned off; turn it on for 127.0.0.1 too (other users of this machine)",
+    )
 
 
 def add_tls_switch(parser: argparse.ArgumentParser, flag: str) -> None:
     """``--tls``/``--no-tls`` style switch: None (HTTPS off loopback only), True, False (plain HTTP;
     refused off loopback together with auth off)."""
-    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                        help="HTTPS for the Prefect API, with a certificate made for this server start: on by "
-                             "default off loopback (turning it off there sends the credential in clear); "
-                             "turn it on for 127.0.0.1 too")
+    parser.add_argument(
+        flag,
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="HTTPS for the Prefect API, with a certificate made for this server start: on by "
+        "default off loopback (turning it off there sends the credential in clear); "
+        "turn it on for 127.0.0.1 too",
+    )
 
 
 def describe_api(api_url: str) -> str:
@@ -88,8 +106,11 @@ def describe_api(api_url: str) -> str:
 
 def add_verbose(parser: argparse.ArgumentParser) -> None:
     """``--verbose``: every Prefect line on the terminal (by default a shard shows one line)."""
-    parser.add_argument("--verbose", action="store_true",
-                        help="show every Prefect log line (also each task run's 'Finished in state ...')")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show every Prefect log line (also each task run's 'Finished in state ...')",
+    )
 
 
 class SwitchCommand(argparse.Action):
@@ -104,9 +125,15 @@ class SwitchCommand(argparse.Action):
         namespace.handler = self.handler
 
 
-def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Callable[[], Any],
-              show: Callable[[Any], None], settled: Callable[[], Any] | None = None,
-              writers: Callable[[], list[str]] | None = None) -> int:
+def run_stage(
+    args: argparse.Namespace,
+    *,
+    validate: Callable[[], Any],
+    run: Callable[[], Any],
+    show: Callable[[Any], None],
+    settled: Callable[[], Any] | None = None,
+    writers: Callable[[], list[str]] | None = None,
+) -> int:
     """Validate (every config error before any server starts), then run the flow with a Prefect API
     (``$PREFECT_API_URL`` or the embedded server), then print what it returned.
 
@@ -121,8 +148,7 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
     validate()
     result = settled() if settled is not None else None
     if result is not None and not args.keep_server:
-        print("nothing to run: every test set is done and verified (no server started, no flow run)",
-              file=sys.stderr)
+        print("nothing to run: every test set is done and verified (no server started, no flow run)", file=sys.stderr)
         show(result)
         return 0
     if result is not None and writers is not None and writers():
@@ -131,8 +157,9 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
 
     api_url = None
     try:
-        with prefect_api(args.state_dir, keep=args.keep_server, host=args.server_host,
-                         auth=args.server_auth, tls=args.server_tls) as api_url:
+        with prefect_api(
+            args.state_dir, keep=args.keep_server, host=args.server_host, auth=args.server_auth, tls=args.server_tls
+        ) as api_url:
             print(describe_api(api_url), file=sys.stderr)
             result = run()  # flows are imported by ``run``, once the API is set
     finally:
@@ -144,13 +171,16 @@ def run_stage(args: argparse.Namespace, *, validate: Callable[[], Any], run: Cal
 
 def _show_writers(args: argparse.Namespace, ids: list[str], show: Callable[[], None]) -> int:
     """``--keep-server`` on a finished stage: the server, left running, and the runs that wrote it."""
-    from espnet3_prefect.server.run_links import describe_runs
     from espnet3_prefect.server.embedded import prefect_api
+    from espnet3_prefect.server.run_links import describe_runs
 
     with prefect_api(args.state_dir, keep=True, host=args.server_host, auth=args.server_auth) as api_url:
         print(describe_api(api_url), file=sys.stderr)
-        print("nothing to run: every test set is done and verified; the flow run(s) that wrote the outputs "
-              "(last: the one that finished them):", file=sys.stderr)
+        print(
+            "nothing to run: every test set is done and verified; the flow run(s) that wrote the outputs "
+            "(last: the one that finished them):",
+            file=sys.stderr,
+        )
         print("\n".join(link.line(api_url[: -len("/api")]) for link in describe_runs(ids)), file=sys.stderr)
     print_kept_server(api_url)
     show()
@@ -166,8 +196,12 @@ def console_skips_summary() -> Iterator[None]:
 
     from espnet3_prefect.pipeline.report import drop_from_console
 
-    handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
-                if type(h).__name__ == "PrefectConsoleHandler"]
+    handlers = [
+        h
+        for name in ("", "prefect")
+        for h in logging.getLogger(name).handlers
+        if type(h).__name__ == "PrefectConsoleHandler"
+    ]
     for handler in handlers:
         handler.addFilter(drop_from_console)
     try:

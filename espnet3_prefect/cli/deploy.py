@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from espnet3_prefect._internal.proc import pid_alive, stop_tree
-from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.cli.common import SwitchCommand, add_auth_switch, add_server_options, add_tls_switch
+from espnet3_prefect.errors import Espnet3PrefectError
 
 DEFAULT_POOL = "espnet3-local"
 DEFAULT_UI_PORT = 4200
@@ -30,30 +30,45 @@ CHECKPOINT_QUEUE = "checkpoints"  # evaluate/checkpoint's work queue in prefect.
 
 
 def register(sub) -> None:
-    deploy = sub.add_parser("deploy-local", help="local Prefect server + process work pool + prefect deploy --all "
-                                                 "+ a process worker, in one step (127.0.0.1)")
-    deploy.add_argument("--stop", action=SwitchCommand, handler=stop_local,
-                        help="stop the worker and server deploy-local started")
-    deploy.add_argument("--port", type=int, default=None,
-                        help=f"server port (default {DEFAULT_UI_PORT} when free, else a free one)")
-    deploy.add_argument("--host", default=None, metavar="ADDRESS",
-                        help="where the server listens: an address, interface or host name compute nodes reach "
-                             "(default 127.0.0.1); anything but loopback turns on basic auth and HTTPS "
-                             "(docs/security.md)")
+    deploy = sub.add_parser(
+        "deploy-local",
+        help="local Prefect server + process work pool + prefect deploy --all "
+        "+ a process worker, in one step (127.0.0.1)",
+    )
+    deploy.add_argument(
+        "--stop", action=SwitchCommand, handler=stop_local, help="stop the worker and server deploy-local started"
+    )
+    deploy.add_argument(
+        "--port", type=int, default=None, help=f"server port (default {DEFAULT_UI_PORT} when free, else a free one)"
+    )
+    deploy.add_argument(
+        "--host",
+        default=None,
+        metavar="ADDRESS",
+        help="where the server listens: an address, interface or host name compute nodes reach "
+        "(default 127.0.0.1); anything but loopback turns on basic auth and HTTPS "
+        "(docs/security.md)",
+    )
     add_auth_switch(deploy, "--auth")
     add_tls_switch(deploy, "--tls")
     deploy.add_argument("--pool", default=DEFAULT_POOL, help="process work pool name (default %(default)s)")
-    deploy.add_argument("--project-dir", default=None,
-                        help="checkout holding prefect.yaml (default: this folder if it has one, else the "
-                             "checkout espnet3-prefect is installed from)")
-    add_server_options(deploy, keep=False, state_dir_help="server database, logs and pids (default "
-                                                          "$ESPNET3_PREFECT_HOME or ~/.espnet3-prefect)")
+    deploy.add_argument(
+        "--project-dir",
+        default=None,
+        help="checkout holding prefect.yaml (default: this folder if it has one, else the "
+        "checkout espnet3-prefect is installed from)",
+    )
+    add_server_options(
+        deploy,
+        keep=False,
+        state_dir_help="server database, logs and pids (default $ESPNET3_PREFECT_HOME or ~/.espnet3-prefect)",
+    )
     deploy.set_defaults(handler=deploy_local)
 
 
 def _project(project_dir: str | None) -> Path:
-    from espnet3_prefect.server.deploy_steps import project_root
     from espnet3_prefect.errors import ConfigError
+    from espnet3_prefect.server.deploy_steps import project_root
 
     if project_dir is None and (Path.cwd() / "prefect.yaml").is_file():
         project_dir = os.getcwd()
@@ -66,12 +81,13 @@ def _project(project_dir: str | None) -> Path:
 def _client_env(creds, home: Path, project: Path) -> dict:
     """The environment of the prefect commands and the process worker (the credential in the
     environment, never on a command line)."""
-    from espnet3_prefect.server.auth import exported_client_env
     from espnet3_prefect._internal.util import CLIENT_FILE_VAR
+    from espnet3_prefect.server.auth import exported_client_env
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != CLIENT_FILE_VAR}
-    env.update(exported_client_env(creds, home), ESPNET3_PREFECT_ROOT=str(project),
-               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.update(
+        exported_client_env(creds, home), ESPNET3_PREFECT_ROOT=str(project), PREFECT_SERVER_ANALYTICS_ENABLED="false"
+    )
     return env
 
 
@@ -100,16 +116,18 @@ def _wait_for_worker(creds, pool: str, proc: subprocess.Popen, log: Path) -> flo
             if any(str(w.status).upper().endswith("ONLINE") for w in client.read_workers_for_work_pool(pool)):
                 return time.monotonic() - started
             time.sleep(0.5)
-    raise Espnet3PrefectError(f"the worker did not come online on pool {pool!r} in {WORKER_START_TIMEOUT_S} s; see {log}")
+    raise Espnet3PrefectError(
+        f"the worker did not come online on pool {pool!r} in {WORKER_START_TIMEOUT_S} s; see {log}"
+    )
 
 
 def deploy_local(args: argparse.Namespace) -> int:
     """Server (reused when running) + work pool + ``prefect deploy --all`` + a process worker."""
+    from espnet3_prefect._internal.atomic import atomic_write_text
     from espnet3_prefect._internal.proc import run_command
     from espnet3_prefect.server.auth import server_client
-    from espnet3_prefect.server.host import auth_required, resolve_host, tls_required
-    from espnet3_prefect._internal.atomic import atomic_write_text
     from espnet3_prefect.server.embedded import prefect_executable, running_server, start_recorded, state_dir
+    from espnet3_prefect.server.host import auth_required, resolve_host, tls_required
 
     home = state_dir(args.state_dir)
     project = _project(args.project_dir)
@@ -128,11 +146,20 @@ def deploy_local(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     info = running_server(home)
     if info is not None and info.get("services", "all") != "all":
-        raise Espnet3PrefectError(f"the Prefect server of {home} (pid {info['pid']}) was started by a run without "
-                                  f"the deployment scheduler; deploy-local once that run has ended")
+        raise Espnet3PrefectError(
+            f"the Prefect server of {home} (pid {info['pid']}) was started by a run without "
+            f"the deployment scheduler; deploy-local once that run has ended"
+        )
     if info is None:
-        info = start_recorded(home, ui=True, host=address, auth=with_auth, port=_choose_port(args.port, address),
-                              tls=with_tls, given_host=args.host)
+        info = start_recorded(
+            home,
+            ui=True,
+            host=address,
+            auth=with_auth,
+            port=_choose_port(args.port, address),
+            tls=with_tls,
+            given_host=args.host,
+        )
     creds = server_client(home, info, **wanted)
     timings["server_s"] = time.monotonic() - t0
     # While deploy-local's server runs it counts as a user, so `espnet3-prefect infer` reuses it
@@ -142,27 +169,48 @@ def deploy_local(args: argparse.Namespace) -> int:
     env = _client_env(creds, home, project)
     prefect = prefect_executable()
     t1 = time.monotonic()
-    run_command([prefect, "work-pool", "create", args.pool, "--type", "process", "--overwrite"], env=env,
-                timeout_s=120)
-    run_command([prefect, "--no-prompt", "deploy", "--all", "--pool", args.pool], env=env, timeout_s=600,
-                cwd=str(project))
+    run_command([prefect, "work-pool", "create", args.pool, "--type", "process", "--overwrite"], env=env, timeout_s=120)
+    run_command(
+        [prefect, "--no-prompt", "deploy", "--all", "--pool", args.pool], env=env, timeout_s=600, cwd=str(project)
+    )
     # evaluate/checkpoint's queue (made by the deploy): one run at a time, in the order the events made them
-    run_command([prefect, "work-queue", "set-concurrency-limit", CHECKPOINT_QUEUE, "1", "--pool", args.pool],
-                env=env, timeout_s=120)
+    run_command(
+        [prefect, "work-queue", "set-concurrency-limit", CHECKPOINT_QUEUE, "1", "--pool", args.pool],
+        env=env,
+        timeout_s=120,
+    )
     timings["deploy_s"] = time.monotonic() - t1
     log = home / "worker.log"
     with open(log, "ab") as handle:
         # the worker looks for runs every WORKER_QUERY_S (Prefect's default 10 s): a run a checkpoint
         # event created starts within that (a user's own setting wins)
-        worker_env = {"PREFECT_WORKER_QUERY_SECONDS": str(WORKER_QUERY_S),
-                      **{k: v for k, v in os.environ.items() if k == "PREFECT_WORKER_QUERY_SECONDS"}, **env}
-        worker = subprocess.Popen([prefect, "worker", "start", "--pool", args.pool, "--type", "process"],
-                                  env=worker_env, cwd=str(project), stdout=handle, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-    state = {"server_pid": info["pid"], "worker_pid": worker.pid, "api_url": info["api_url"], "ui_url": info["ui_url"],
-             "pool": args.pool, "project_dir": str(project), "state_dir": str(home), "worker_log": str(log),
-             "client_file": creds.source, "ssl_cert_file": creds.ssl_cert_file,
-             "auth": bool(creds.auth_string)}
+        worker_env = {
+            "PREFECT_WORKER_QUERY_SECONDS": str(WORKER_QUERY_S),
+            **{k: v for k, v in os.environ.items() if k == "PREFECT_WORKER_QUERY_SECONDS"},
+            **env,
+        }
+        worker = subprocess.Popen(
+            [prefect, "worker", "start", "--pool", args.pool, "--type", "process"],
+            env=worker_env,
+            cwd=str(project),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    state = {
+        "server_pid": info["pid"],
+        "worker_pid": worker.pid,
+        "api_url": info["api_url"],
+        "ui_url": info["ui_url"],
+        "pool": args.pool,
+        "project_dir": str(project),
+        "state_dir": str(home),
+        "worker_log": str(log),
+        "client_file": creds.source,
+        "ssl_cert_file": creds.ssl_cert_file,
+        "auth": bool(creds.auth_string),
+    }
     atomic_write_text(home / STATE_FILE, json.dumps(state, indent=2))
     try:
         timings["worker_s"] = _wait_for_worker(creds, args.pool, worker, log)
@@ -171,9 +219,12 @@ def deploy_local(args: argparse.Namespace) -> int:
         raise
     state["timings"] = {k: round(v, 2) for k, v in timings.items()}
     atomic_write_text(home / STATE_FILE, json.dumps(state, indent=2))
-    _print_ready(state, f"ready in {time.monotonic() - t0:.1f} s "
-                        f"(server {timings['server_s']:.1f} s, pool + deploy {timings['deploy_s']:.1f} s, "
-                        f"worker {timings['worker_s']:.1f} s)")
+    _print_ready(
+        state,
+        f"ready in {time.monotonic() - t0:.1f} s "
+        f"(server {timings['server_s']:.1f} s, pool + deploy {timings['deploy_s']:.1f} s, "
+        f"worker {timings['worker_s']:.1f} s)",
+    )
     return 0
 
 
@@ -188,8 +239,10 @@ def _print_ready(state: dict, headline: str) -> None:
         print(f"           export PREFECT_API_SSL_CERT_FILE={state['ssl_cert_file']}")
     if state.get("client_file") and state.get("auth", True):  # where the credential is, never the credential
         print(f"  auth:    basic auth; credential in {state['client_file']} (mode 0600); in a shell:")
-        print(f"           export PREFECT_API_AUTH_STRING=\"$(python -c 'import json,sys; print(json.load("
-              f"open(sys.argv[1]))[\"auth_string\"])' {state['client_file']})\"")
+        print(
+            f"           export PREFECT_API_AUTH_STRING=\"$(python -c 'import json,sys; print(json.load("
+            f'open(sys.argv[1]))["auth_string"])\' {state["client_file"]})"'
+        )
     print(f"  worker:  pid {state['worker_pid']} on process pool {state['pool']!r} (log {state['worker_log']})")
     print(f"  project: {state['project_dir']}")
     print("  try:     prefect deployment run infer/local --watch")

@@ -20,22 +20,32 @@ from typing import Any
 
 from espnet3_prefect.errors import ConfigError
 
-SYSTEM_HELP = ("the ESPnet3 system class, module.Class (default: the system named like this folder, e.g. "
-               "esp2_asr -> espnet3.systems.esp2_asr.system.ASRSystem)")
+SYSTEM_HELP = (
+    "the ESPnet3 system class, module.Class (default: the system named like this folder, e.g. "
+    "esp2_asr -> espnet3.systems.esp2_asr.system.ASRSystem)"
+)
 
 
 def register(sub) -> None:
-    run = sub.add_parser("run", help="a recipe's stages as its run.py runs them, infer/measure/collect_stats "
-                                     "on Prefect (ESPnet3's launcher arguments)", add_help=False)
+    run = sub.add_parser(
+        "run",
+        help="a recipe's stages as its run.py runs them, infer/measure/collect_stats "
+        "on Prefect (ESPnet3's launcher arguments)",
+        add_help=False,
+    )
     run.add_argument("--system", default=None, help=SYSTEM_HELP)
     run.set_defaults(handler=run_recipe, passes_through=True)
 
 
 def add_recipe_options(parser: argparse.ArgumentParser) -> None:
     """``--training-config`` and ``--system`` for ``infer``/``metrics`` inside an ESPnet3 recipe folder."""
-    parser.add_argument("--training-config", default=None, metavar="FILE",
-                        help="inside an ESPnet3 recipe: the training config whose exp_tag/exp_dir the launcher "
-                             "copies into this stage's config (as run.py --training_config does)")
+    parser.add_argument(
+        "--training-config",
+        default=None,
+        metavar="FILE",
+        help="inside an ESPnet3 recipe: the training config whose exp_tag/exp_dir the launcher "
+        "copies into this stage's config (as run.py --training_config does)",
+    )
     parser.add_argument("--system", default=None, help=SYSTEM_HELP)
 
 
@@ -47,8 +57,13 @@ def run_recipe(args: argparse.Namespace) -> int:
     return 0
 
 
-def stage_input(args: argparse.Namespace, role: str, configs: list[str], overrides: list[str],
-                inference: tuple[list[str], list[str]] = ([], [])) -> dict[str, Any] | None:
+def stage_input(
+    args: argparse.Namespace,
+    role: str,
+    configs: list[str],
+    overrides: list[str],
+    inference: tuple[list[str], list[str]] = ([], []),
+) -> dict[str, Any] | None:
     """In an ESPnet3 recipe folder (espnet3 installed, TEMPLATE defaults for its system): ``{role: config,
     ["inference": config]}`` as the recipe's launcher loads them (:mod:`espnet3_prefect.config.recipe_configs`),
     each a resolved mapping for the flow; elsewhere None (files and overrides go to the flow as given)."""
@@ -57,12 +72,20 @@ def stage_input(args: argparse.Namespace, role: str, configs: list[str], overrid
     package = template_package(configs[0], args.system) if configs else None
     if package is None:
         if args.training_config:
-            raise ConfigError("--training-config: only for an ESPnet3 recipe (espnet3 installed, the config in the "
-                              "recipe's conf/, the recipe folder named after its system or --system module.Class)")
+            raise ConfigError(
+                "--training-config: only for an ESPnet3 recipe (espnet3 installed, the config in the "
+                "recipe's conf/, the recipe folder named after its system or --system module.Class)"
+            )
         return None
-    return load_recipe_configs(role, configs, overrides, package,
-                               training=[args.training_config] if args.training_config else [],
-                               inference=inference[0], inference_overrides=inference[1])
+    return load_recipe_configs(
+        role,
+        configs,
+        overrides,
+        package,
+        training=[args.training_config] if args.training_config else [],
+        inference=inference[0],
+        inference_overrides=inference[1],
+    )
 
 
 __all__ = ["add_recipe_options", "register", "run_recipe", "stage_input"]

@@ -1,8 +1,8 @@
 """``infer``, ``metrics`` and ``evaluate``: one stage (or both) as a flow run in this process.
 
-    espnet3-prefect infer    --config conf/inference.yaml [deployments/parallel_local.yaml] [key=value ...]
-    espnet3-prefect metrics  --config conf/metrics.yaml [key=value ...] [--inference-config conf/inference.yaml ...]
-    espnet3-prefect evaluate --config conf/inference.yaml [parallel.yaml] --metrics-config conf/metrics.yaml
+espnet3-prefect infer    --config conf/inference.yaml [deployments/parallel_local.yaml] [key=value ...]
+espnet3-prefect metrics  --config conf/metrics.yaml [key=value ...] [--inference-config conf/inference.yaml ...]
+espnet3-prefect evaluate --config conf/inference.yaml [parallel.yaml] --metrics-config conf/metrics.yaml
 """
 
 from __future__ import annotations
@@ -11,8 +11,15 @@ import argparse
 import json
 from pathlib import Path
 
-from espnet3_prefect.cli.common import (add_config, add_server_options, add_verbose, configs_of, console_skips_summary, run_stage,
-                     split_args)
+from espnet3_prefect.cli.common import (
+    add_config,
+    add_server_options,
+    add_verbose,
+    configs_of,
+    console_skips_summary,
+    run_stage,
+    split_args,
+)
 from espnet3_prefect.cli.recipe import add_recipe_options, stage_input
 
 
@@ -27,9 +34,14 @@ def register(sub) -> argparse.ArgumentParser:
 
     metrics = sub.add_parser("metrics", help="run the metrics stage (flow 'metrics')")
     add_config(metrics, help="metrics config files merged left to right, then key=value overrides")
-    metrics.add_argument("--inference-config", nargs="+", default=[], metavar="FILE_OR_OVERRIDE",
-                         help="inference config files, then key=value overrides: the test sets dataset:<column> "
-                              "inputs read (and inference_dir when the metrics config has none)")
+    metrics.add_argument(
+        "--inference-config",
+        nargs="+",
+        default=[],
+        metavar="FILE_OR_OVERRIDE",
+        help="inference config files, then key=value overrides: the test sets dataset:<column> "
+        "inputs read (and inference_dir when the metrics config has none)",
+    )
     add_recipe_options(metrics)
     add_server_options(metrics)
     add_verbose(metrics)
@@ -37,14 +49,23 @@ def register(sub) -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("evaluate", help="infer then metrics, with a score history (flow 'evaluate')")
     add_config(evaluate, help="inference config files, then key=value overrides for infer", extra=False)
-    add_config(evaluate, "--metrics-config", help="metrics config files, then key=value overrides for metrics",
-               extra=False)
-    evaluate.add_argument("--checkpoint", default=None, metavar="FILE",
-                          help="evaluate this checkpoint: its path fills --checkpoint-key of the inference config; "
-                               "recorded (path, sha256, epoch, step) with the scores, scored once per content")
-    evaluate.add_argument("--checkpoint-key", default=None, metavar="KEY",
-                          help="the model-config key the checkpoint fills (default: the recipe's, e.g. "
-                               "model.asr_model_file; the demo's model.model_file)")
+    add_config(
+        evaluate, "--metrics-config", help="metrics config files, then key=value overrides for metrics", extra=False
+    )
+    evaluate.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="FILE",
+        help="evaluate this checkpoint: its path fills --checkpoint-key of the inference config; "
+        "recorded (path, sha256, epoch, step) with the scores, scored once per content",
+    )
+    evaluate.add_argument(
+        "--checkpoint-key",
+        default=None,
+        metavar="KEY",
+        help="the model-config key the checkpoint fills (default: the recipe's, e.g. "
+        "model.asr_model_file; the demo's model.model_file)",
+    )
     add_server_options(evaluate)
     add_verbose(evaluate)
     evaluate.set_defaults(handler=run_evaluate)
@@ -68,8 +89,8 @@ def run_infer(args: argparse.Namespace) -> int:
 
     def validate():
         from espnet3_prefect.config.load import load_config_input
-        from espnet3_prefect.execution.spec import preflight
         from espnet3_prefect.config.precheck import check_inputs_before_start
+        from espnet3_prefect.execution.spec import preflight
         from espnet3_prefect.pipeline.resume import all_complete
         from espnet3_prefect.pipeline.stage import prepare_stages
 
@@ -115,8 +136,11 @@ def run_metrics(args: argparse.Namespace) -> int:
     def validate():
         from espnet3_prefect.metrics.prepare import load_any, load_inference_config, prepare_metrics
 
-        prepared.append(prepare_metrics(load_any(configs, overrides),
-                                        inference_config=load_inference_config(i_configs, i_overrides)))
+        prepared.append(
+            prepare_metrics(
+                load_any(configs, overrides), inference_config=load_inference_config(i_configs, i_overrides)
+            )
+        )
 
     def settled():
         from espnet3_prefect.metrics.record import settled_results
@@ -126,8 +150,9 @@ def run_metrics(args: argparse.Namespace) -> int:
     def run():
         from espnet3_prefect.flows.metrics import metrics
 
-        return metrics(config=configs, overrides=overrides, inference_config=i_configs or None,
-                       inference_overrides=i_overrides)
+        return metrics(
+            config=configs, overrides=overrides, inference_config=i_configs or None, inference_overrides=i_overrides
+        )
 
     def show(results):
         for key, per_test in results.items():
@@ -149,8 +174,14 @@ def run_evaluate(args: argparse.Namespace) -> int:
     def run():
         from espnet3_prefect.flows.evaluate import evaluate
 
-        return evaluate(infer_config=i_configs, metrics_config=m_configs, infer_overrides=i_overrides,
-                        metrics_overrides=m_overrides, checkpoint=args.checkpoint, checkpoint_key=args.checkpoint_key)
+        return evaluate(
+            infer_config=i_configs,
+            metrics_config=m_configs,
+            infer_overrides=i_overrides,
+            metrics_overrides=m_overrides,
+            checkpoint=args.checkpoint,
+            checkpoint_key=args.checkpoint_key,
+        )
 
     def show(record):
         if record.get("already_scored"):

@@ -21,12 +21,19 @@ from espnet3_prefect.server.embedded import STATE_DIR_HELP
 
 def register(sub) -> None:
     ui = sub.add_parser("ui", help="serve the project's recorded runs in the Prefect UI and print their links")
-    ui.add_argument("target", nargs="?", default=None,
-                    help="a stage's output folder (also lists the runs that wrote it), a project folder or a "
-                         "state dir (default: the current project)")
+    ui.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        help="a stage's output folder (also lists the runs that wrote it), a project folder or a "
+        "state dir (default: the current project)",
+    )
     ui.add_argument("--state-dir", default=None, help=STATE_DIR_HELP)
-    ui.add_argument("--keep-server", action="store_true",
-                    help="print the links and return, leaving the server running (else: serve until Ctrl-C)")
+    ui.add_argument(
+        "--keep-server",
+        action="store_true",
+        help="print the links and return, leaving the server running (else: serve until Ctrl-C)",
+    )
     ui.add_argument("--limit", type=int, default=10, help="how many recent runs to list (default 10)")
     ui.set_defaults(handler=run_ui)
 
@@ -47,10 +54,10 @@ def choose_state_dir(target: str | None, state_dir: str | None) -> Path:
 
 
 def run_ui(args: argparse.Namespace) -> int:
-    from espnet3_prefect.errors import ConfigError
-    from espnet3_prefect.server.run_links import describe_runs, writer_runs
-    from espnet3_prefect.server.embedded import prefect_api
     from espnet3_prefect.cli.common import describe_api, print_kept_server
+    from espnet3_prefect.errors import ConfigError
+    from espnet3_prefect.server.embedded import prefect_api
+    from espnet3_prefect.server.run_links import describe_runs, writer_runs
 
     if args.target and not Path(args.target).is_dir():
         raise ConfigError(f"ui: {args.target} is not a folder (a stage's output folder, a project or a state dir)")

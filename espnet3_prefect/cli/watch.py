@@ -15,24 +15,45 @@ from espnet3_prefect.checkpoints.poller import DEFAULT_PATTERNS, MODES
 
 
 def register(sub) -> None:
-    watch = sub.add_parser("watch-checkpoints",
-                           help="watch an experiment folder; send one checkpoint event per new checkpoint "
-                                "(the evaluate/checkpoint deployment's trigger)")
+    watch = sub.add_parser(
+        "watch-checkpoints",
+        help="watch an experiment folder; send one checkpoint event per new checkpoint "
+        "(the evaluate/checkpoint deployment's trigger)",
+    )
     watch.add_argument("exp_dir", help="the experiment folder to watch (recursively)")
-    watch.add_argument("--pattern", action="append", default=None, metavar="GLOB",
-                       help=f"files to watch, relative to exp_dir; repeatable (default {' '.join(DEFAULT_PATTERNS)})")
-    watch.add_argument("--mode", choices=MODES, default="all",
-                       help="all: one event per new checkpoint, oldest first; latest: only the newest of those "
-                            "complete at one look (default %(default)s)")
-    watch.add_argument("--settle-s", type=float, default=10.0,
-                       help="a file that is not a closed zip (torch.save) archive is complete once its size and "
-                            "mtime stayed the same this long (default %(default)s)")
+    watch.add_argument(
+        "--pattern",
+        action="append",
+        default=None,
+        metavar="GLOB",
+        help=f"files to watch, relative to exp_dir; repeatable (default {' '.join(DEFAULT_PATTERNS)})",
+    )
+    watch.add_argument(
+        "--mode",
+        choices=MODES,
+        default="all",
+        help="all: one event per new checkpoint, oldest first; latest: only the newest of those "
+        "complete at one look (default %(default)s)",
+    )
+    watch.add_argument(
+        "--settle-s",
+        type=float,
+        default=10.0,
+        help="a file that is not a closed zip (torch.save) archive is complete once its size and "
+        "mtime stayed the same this long (default %(default)s)",
+    )
     watch.add_argument("--poll-s", type=float, default=1.0, help="seconds between looks (default %(default)s)")
-    watch.add_argument("--state-file", default=None,
-                       help="where the hashes already sent are kept (default <exp_dir>/.espnet3-checkpoints.json)")
+    watch.add_argument(
+        "--state-file",
+        default=None,
+        help="where the hashes already sent are kept (default <exp_dir>/.espnet3-checkpoints.json)",
+    )
     watch.add_argument("--once", action="store_true", help="look once, send what is complete, and exit")
-    watch.add_argument("--state-dir", default=None,
-                       help="without PREFECT_API_URL: the state dir of the server deploy-local left running")
+    watch.add_argument(
+        "--state-dir",
+        default=None,
+        help="without PREFECT_API_URL: the state dir of the server deploy-local left running",
+    )
     watch.set_defaults(handler=watch_checkpoints)
 
 
@@ -47,8 +68,12 @@ def watch_checkpoints(args: argparse.Namespace) -> int:
     with prefect_settings(creds), EmittedState(state_path(exp_dir, args.state_file)) as state:
         _log_to_stderr()  # after Prefect set up its logging (which turns off loggers made before it)
         watcher = Watcher(exp_dir, state, tuple(args.pattern or DEFAULT_PATTERNS), args.mode, args.settle_s)
-        print(f"watching {watcher.exp_dir} ({', '.join(watcher.patterns)}; mode {args.mode}); events to {api_url}; "
-              f"state {state.path}", file=sys.stderr, flush=True)
+        print(
+            f"watching {watcher.exp_dir} ({', '.join(watcher.patterns)}; mode {args.mode}); events to {api_url}; "
+            f"state {state.path}",
+            file=sys.stderr,
+            flush=True,
+        )
         if args.once:
             state.flush_pending()
             watcher.poll()

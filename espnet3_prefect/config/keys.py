@@ -8,10 +8,11 @@ the key and the likely one. A deliberate near-miss is kept by listing it under `
 (a top-level list in the same config, so it travels with it to the CLI, ``infer()`` and deployments).
 
 >>> check_top_level_keys({"batch_size": 4, "fsdd_root": "/data"}, INFERENCE_KEYS)
->>> check_top_level_keys({"batch_sise": 4}, INFERENCE_KEYS)
+>>> check_top_level_keys({"batch_sise": 4}, INFERENCE_KEYS)  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-espnet3_prefect.errors.ConfigError: batch_sise: not a config key; did you mean batch_size? (a key of your own: list it under allow_keys:)
+espnet3_prefect.errors.ConfigError: batch_sise: not a config key; did you mean batch_size? (a key of your own: list it
+under allow_keys:)
 >>> check_top_level_keys({"batch_sise": 4, "allow_keys": ["batch_sise"]}, INFERENCE_KEYS)
 """
 
@@ -27,13 +28,49 @@ ALLOW_KEY = "allow_keys"
 
 # What ESPnet3 202611's launcher, infer() and measure() read at the top level of a stage config
 # (its TEMPLATE conf/*.yaml and systems/base), and what the training config lends them.
-_ESPNET3_KEYS = frozenset({
-    "recipe_dir", "exp_tag", "exp_dir", "data_dir", "stats_dir", "inference_dir", "dataset", "parallel",
-    "model", "input_key", "idx_key", "output_keys", "output_fn", "output_artifacts", "batch_size", "contract",
-    "provider", "runner", "test_set", "device", "device_index", "local_rank", "seed", "metrics",
-    "dataset_artifacts", "task", "system", "trainer", "optim", "scheduler", "dataloader", "tokenizer",
-    "create_dataset", "decode_dir", "publication", "upload_model", "pack_model", "num_device", "num_nodes",
-})
+_ESPNET3_KEYS = frozenset(
+    {
+        "recipe_dir",
+        "exp_tag",
+        "exp_dir",
+        "data_dir",
+        "stats_dir",
+        "inference_dir",
+        "dataset",
+        "parallel",
+        "model",
+        "input_key",
+        "idx_key",
+        "output_keys",
+        "output_fn",
+        "output_artifacts",
+        "batch_size",
+        "contract",
+        "provider",
+        "runner",
+        "test_set",
+        "device",
+        "device_index",
+        "local_rank",
+        "seed",
+        "metrics",
+        "dataset_artifacts",
+        "task",
+        "system",
+        "trainer",
+        "optim",
+        "scheduler",
+        "dataloader",
+        "tokenizer",
+        "create_dataset",
+        "decode_dir",
+        "publication",
+        "upload_model",
+        "pack_model",
+        "num_device",
+        "num_nodes",
+    }
+)
 # What espnet3-prefect adds (the demo's data and features; the model id evaluate adds to infer's config).
 _OUR_KEYS = frozenset({ALLOW_KEY, "data", "features", "evaluate_model_id"})
 
@@ -82,8 +119,9 @@ def check_top_level_keys(config: Mapping[str, Any], known: Iterable[str] = INFER
             continue
         close = likely_key(key, known)
         if close is not None:
-            raise ConfigError(f"{key}: not a config key; did you mean {close}? (a key of your own: list it "
-                              f"under {ALLOW_KEY}:)")
+            raise ConfigError(
+                f"{key}: not a config key; did you mean {close}? (a key of your own: list it under {ALLOW_KEY}:)"
+            )
 
 
 __all__ = ["ALLOW_KEY", "INFERENCE_KEYS", "METRICS_KEYS", "check_top_level_keys", "edit_distance", "likely_key"]

@@ -12,8 +12,9 @@ import importlib
 import importlib.util
 import json
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -23,8 +24,16 @@ from espnet3_prefect.errors import ConfigError, one_line
 
 # Keys that change how a stage runs, not what it writes: left out of the fingerprint, so
 # resuming with more workers, another backend or other retry settings reuses finished shards.
-_NOT_FINGERPRINTED = ("parallel", "runner.resume", "runner.retries", "runner.retry_delay_s",
-                      "runner.max_failed_ratio", "runner.min_free_mb", "runner.prefetch", "allow_keys")
+_NOT_FINGERPRINTED = (
+    "parallel",
+    "runner.resume",
+    "runner.retries",
+    "runner.retry_delay_s",
+    "runner.max_failed_ratio",
+    "runner.min_free_mb",
+    "runner.prefetch",
+    "allow_keys",
+)
 
 
 def load_config(paths: Sequence[str | Path], overrides: Iterable[str] = ()) -> DictConfig:
@@ -52,8 +61,9 @@ def load_config_input(config: Any, overrides: Iterable[str] = ()) -> DictConfig:
     """A flow's ``config`` parameter: config file paths (merged left to right) or one config given as a
     mapping (``espnet3_prefect.infer(cfg)``, a deployment's dict parameter); then ``overrides``."""
     if isinstance(config, (dict, DictConfig)):
-        cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig)
-                               else config)
+        cfg = OmegaConf.create(
+            OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig) else config
+        )
         for item in overrides or ():
             _apply_override(cfg, item)
         return _resolved(cfg)
@@ -94,8 +104,11 @@ def _register_resolvers() -> None:
             importlib.import_module("espnet3.utils.config_utils")
         except ImportError:
             pass
-    for name, fn in (("self_name", lambda value: value), ("config_path", lambda value: value),
-                     ("load_line", _load_line)):
+    for name, fn in (
+        ("self_name", lambda value: value),
+        ("config_path", lambda value: value),
+        ("load_line", _load_line),
+    ):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 
@@ -109,8 +122,9 @@ def _per_file(value: Any, path: Path) -> Any:
     if not isinstance(value, str):
         return value
     if "${set_corpus_and_system:" in value:
-        raise ConfigError(f"{path}: ${{set_corpus_and_system:}} is only resolved by ESPnet3's own egs3 loader; "
-                          f"write the value out")
+        raise ConfigError(
+            f"{path}: ${{set_corpus_and_system:}} is only resolved by ESPnet3's own egs3 loader; write the value out"
+        )
     value = value.replace("${self_name:}", path.stem)
 
     def absolute(match: re.Match) -> str:
@@ -135,8 +149,9 @@ def _read_yaml(path: Path) -> DictConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     if "defaults" in data:
-        raise ConfigError(f"{path}: defaults: lists are not supported; pass the files to merge as "
-                          f"--config base.yaml override.yaml")
+        raise ConfigError(
+            f"{path}: defaults: lists are not supported; pass the files to merge as --config base.yaml override.yaml"
+        )
     _register_resolvers()
     return OmegaConf.create(_per_file(data, path.resolve()))
 

@@ -6,7 +6,7 @@ A typo in ``input_key`` is then the one line a user sees, with no server start b
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from collections.abc import Iterable
 
 from omegaconf import DictConfig
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,7 +36,7 @@ def template_package(config_file: str | Path, system: str | None = None) -> str 
     None when espnet3 is not installed or the recipe has no TEMPLATE (then no recipe loading)."""
     if importlib.util.find_spec("espnet3") is None:
         if system:
-            raise ConfigError(f"--system: {system} needs espnet3 installed (pip install \"espnet[asr]==202611\")")
+            raise ConfigError(f'--system: {system} needs espnet3 installed (pip install "espnet[asr]==202611")')
         return None
     if system:
         from espnet3_prefect.launch import system_from_path
@@ -54,32 +54,55 @@ def template_package(config_file: str | Path, system: str | None = None) -> str 
     return package if found else None
 
 
-def load_recipe_configs(role: str, files: Sequence[str], overrides: Sequence[str], package: str, *,
-                        training: Sequence[str] = (), inference: Sequence[str] = (),
-                        inference_overrides: Sequence[str] = ()) -> dict[str, dict]:
+def load_recipe_configs(
+    role: str,
+    files: Sequence[str],
+    overrides: Sequence[str],
+    package: str,
+    *,
+    training: Sequence[str] = (),
+    inference: Sequence[str] = (),
+    inference_overrides: Sequence[str] = (),
+) -> dict[str, dict]:
     """``{role: config}`` for ``role`` (``inference`` or ``metrics``) and, for ``metrics``, the inference
     config it reads: each a resolved plain mapping, loaded as the launcher loads it (module docstring),
     then its ``key=value`` overrides. ``training``: the training config's files, for ``exp_tag``/``exp_dir``."""
     if not files:
         raise ConfigError(f"no config file given: pass --config conf/{role}.yaml")
     load_and_merge, copy_context, validate = _espnet3_loader()
-    loaded = {name: _load_role(load_and_merge, name, paths, package) if paths else None
-              for name, paths in (("training", training), ("inference", inference), (role, files))}
+    loaded = {
+        name: _load_role(load_and_merge, name, paths, package) if paths else None
+        for name, paths in (("training", training), ("inference", inference), (role, files))
+    }
     if role != "inference":
         for item in inference_overrides:  # before the context is copied: its inference_dir reaches metrics
             _apply_override(loaded["inference"], item)
-    copy_context(training_config=loaded["training"], inference_config=loaded.get("inference"),
-                 metrics_config=loaded.get("metrics"), publication_config=None, log=logger)
+    copy_context(
+        training_config=loaded["training"],
+        inference_config=loaded.get("inference"),
+        metrics_config=loaded.get("metrics"),
+        publication_config=None,
+        log=logger,
+    )
     try:
-        validate(training_config=loaded["training"], inference_config=loaded.get("inference"),
-                 metrics_config=loaded.get("metrics"), stages_to_run=["infer" if role == "inference" else "measure"])
+        validate(
+            training_config=loaded["training"],
+            inference_config=loaded.get("inference"),
+            metrics_config=loaded.get("metrics"),
+            stages_to_run=["infer" if role == "inference" else "measure"],
+        )
     except ValueError as exc:
-        raise ConfigError(f"{one_line(exc)} (here: pass --training-config conf/training.yaml, whose exp_tag and "
-                          f"exp_dir ESPnet3's launcher copies, or set exp_tag)") from None
+        raise ConfigError(
+            f"{one_line(exc)} (here: pass --training-config conf/training.yaml, whose exp_tag and "
+            f"exp_dir ESPnet3's launcher copies, or set exp_tag)"
+        ) from None
     for item in overrides:  # last: what the user says on the command line wins
         _apply_override(loaded[role], item)
-    return {name: OmegaConf.to_container(_resolved(loaded[name]), resolve=True)
-            for name in dict.fromkeys((role, "inference")) if loaded.get(name) is not None}
+    return {
+        name: OmegaConf.to_container(_resolved(loaded[name]), resolve=True)
+        for name in dict.fromkeys((role, "inference"))
+        if loaded.get(name) is not None
+    }
 
 
 def _load_role(load_and_merge, role: str, paths: Sequence[str], package: str) -> DictConfig:
@@ -100,8 +123,11 @@ def _espnet3_loader():
     try:
         config_utils = importlib.import_module("espnet3.utils.config_utils")
         run_utils = importlib.import_module("espnet3.utils.run_utils")
-        return (config_utils.load_and_merge_config, run_utils.apply_training_experiment_context,
-                run_utils.validate_experiment_context)
+        return (
+            config_utils.load_and_merge_config,
+            run_utils.apply_training_experiment_context,
+            run_utils.validate_experiment_context,
+        )
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"recipe configs need ESPnet3 202611's loader: {one_line(exc)}") from None
 

@@ -39,9 +39,14 @@ def _runner_control(block: DictConfig) -> dict:
     free = block.get("min_free_mb", DEFAULT_MIN_FREE_MB)
     if isinstance(free, bool) or not isinstance(free, (int, float)) or free < 0:
         raise ConfigError(f"runner.min_free_mb: must be a number >= 0, got {free!r}")
-    return {"retries": retries, "retry_delay_s": tuple(float(d) for d in delay), "on_error": on_error,
-            "max_failed_ratio": float(ratio), "min_free_mb": float(free),
-            "prefetch": check_prefetch(block.get("prefetch", DEFAULT_PREFETCH))}
+    return {
+        "retries": retries,
+        "retry_delay_s": tuple(float(d) for d in delay),
+        "on_error": on_error,
+        "max_failed_ratio": float(ratio),
+        "min_free_mb": float(free),
+        "prefetch": check_prefetch(block.get("prefetch", DEFAULT_PREFETCH)),
+    }
 
 
 def check_batch_size(value: Any) -> int | None:

@@ -38,7 +38,8 @@ def resolve_target(path: str) -> str:
     """The class path to import for ``path``: ours for ESPnet3 stock classes when espnet3 is absent.
 
     >>> stock = "espnet3.systems.base.inference_runner.InferenceRunner"
-    >>> resolve_target(stock) == (stock if _espnet3_installed() else "espnet3_prefect.espnet3.inference_runner.InferenceRunner")
+    >>> ours = "espnet3_prefect.espnet3.inference_runner.InferenceRunner"
+    >>> resolve_target(stock) == (stock if _espnet3_installed() else ours)
     True
     >>> resolve_target("my_recipe.src.Runner")
     'my_recipe.src.Runner'
@@ -69,10 +70,15 @@ def locate(path: str, key: str = "_target_") -> Any:
     if obj is None:
         if path.startswith("espnet3.") and not _espnet3_installed():
             close = difflib.get_close_matches(path, list(ESPNET3_ALIASES), n=1, cutoff=0.8)
-            hint = f"did you mean {close[0]!r}?" if close else \
-                f"the ones it provides: {', '.join(sorted(ESPNET3_ALIASES))}"
-            raise ConfigError(f"{key}: {path!r} is not an ESPnet3 class espnet3-prefect provides while espnet3 "
-                              f"is not installed; {hint}")
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else f"the ones it provides: {', '.join(sorted(ESPNET3_ALIASES))}"
+            )
+            raise ConfigError(
+                f"{key}: {path!r} is not an ESPnet3 class espnet3-prefect provides while espnet3 "
+                f"is not installed; {hint}"
+            )
         raise ConfigError(f"{key}: cannot import {path!r} (is its package installed and on PYTHONPATH?)")
     for part in attr.split("."):
         if not hasattr(obj, part):

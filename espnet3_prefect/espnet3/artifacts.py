@@ -41,7 +41,7 @@ import os
 import pickle
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -82,11 +82,18 @@ def _import_upstream(module: str, attribute: str):
 
 def _check_utt_id_standalone(value: Any) -> str:
     name = str(value)
-    if (not name or name in (".", "..") or any(c.isspace() for c in name)
-            or "/" in name or "\\" in name or os.sep in name):
+    if (
+        not name
+        or name in (".", "..")
+        or any(c.isspace() for c in name)
+        or "/" in name
+        or "\\" in name
+        or os.sep in name
+    ):
         raise ValueError(
             f"utterance id {name!r} cannot be used: it starts an SCP line and names artifact files, "
-            "so it must be non-empty, not '.' or '..', and hold no whitespace, '/' or '\\'")
+            "so it must be non-empty, not '.' or '..', and hold no whitespace, '/' or '\\'"
+        )
     return name
 
 
@@ -152,7 +159,9 @@ def _existing(path: Any) -> Path:
 def _run_writer(value: Any, output_path: Path, writer: Any, options: dict) -> Path:
     writer = _plain(writer)
     if "_target_" not in writer:
-        raise KeyError(f"output_artifacts writer for {output_path.as_posix()!r} needs a _target_ (a dotted function path)")
+        raise KeyError(
+            f"output_artifacts writer for {output_path.as_posix()!r} needs a _target_ (a dotted function path)"
+        )
     from hydra.utils import get_object
 
     function = get_object(writer.pop("_target_"))
@@ -164,10 +173,13 @@ def _write_builtin(value: Any, output_path: Path, type_name: str, options: dict)
         if value.is_cuda:
             raise ValueError(
                 f"cannot write {output_path.as_posix()!r} from a CUDA tensor: return it on the CPU "
-                "(tensor.cpu()) from inference")
+                "(tensor.cpu()) from inference"
+            )
         value = value.detach().cpu().numpy()
     if type_name not in _SUFFIXES:
-        raise ValueError(f"output_artifacts type {type_name!r} for {output_path.as_posix()!r} is not one of {', '.join(_SUFFIXES)}")
+        raise ValueError(
+            f"output_artifacts type {type_name!r} for {output_path.as_posix()!r} is not one of {', '.join(_SUFFIXES)}"
+        )
     # appended, not substituted: "sp0.9-utt1" must not lose ".9-utt1"
     output_path = output_path.with_name(output_path.name + _SUFFIXES[type_name])
     output_path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,7 +191,8 @@ def _write_builtin(value: Any, output_path: Path, type_name: str, options: dict)
             import soundfile
         except ImportError:
             raise ModuleNotFoundError(
-                f"writing {output_path.as_posix()!r} needs soundfile: pip install soundfile", name="soundfile") from None
+                f"writing {output_path.as_posix()!r} needs soundfile: pip install soundfile", name="soundfile"
+            ) from None
         soundfile.write(output_path, np.asarray(value), int(rate))
     elif type_name == "npy":
         np.save(output_path, np.asarray(value))
@@ -204,7 +217,7 @@ def _write_standalone(value: Any, output_path: Path, field_config: Any) -> Path:
     return _write_builtin(value, output_path, type_name or default_artifact_type(value), options)
 
 
-def write_artifact(value: Any, output_path: Path, field_config: Optional[dict] = None) -> Path:
+def write_artifact(value: Any, output_path: Path, field_config: dict | None = None) -> Path:
     """Write one artifact at ``output_path`` + the type's suffix; return the path written.
 
     Examples:
@@ -247,14 +260,16 @@ def _materialize_standalone(idx_value, field_key, value, output_dir, artifact_co
     if isinstance(value, (list, tuple)):
         raise TypeError(
             f"field {field_key!r} of utterance {idx_value!r} is a {type(value).__name__}: an output field "
-            "holds one value; wrap structured content in a dict (written as JSON)")
+            "holds one value; wrap structured content in a dict (written as JSON)"
+        )
     target = Path(output_dir) / field_key
     target.mkdir(parents=True, exist_ok=True)
     return write(value, target / str(idx_value), field_config=artifact_config).as_posix()
 
 
-def materialize_output_value(idx_value: Any, field_key: str, value: Any, output_dir: Path,
-                             artifact_config: Optional[dict]):
+def materialize_output_value(
+    idx_value: Any, field_key: str, value: Any, output_dir: Path, artifact_config: dict | None
+):
     """The value an SCP line holds for one field: the scalar itself, or the artifact's path.
 
     Examples:
@@ -273,8 +288,13 @@ def materialize_output_value(idx_value: Any, field_key: str, value: Any, output_
     if upstream is not None:
         if isinstance(value, Audio):
             value = _upstream_audio(value)  # ESPnet3 writes only its own Audio as wav
-        return upstream(idx_value=idx_value, field_key=field_key, value=value,
-                        output_dir=Path(output_dir), artifact_config=artifact_config)
+        return upstream(
+            idx_value=idx_value,
+            field_key=field_key,
+            value=value,
+            output_dir=Path(output_dir),
+            artifact_config=artifact_config,
+        )
     write = _upstream("espnet3.utils.writer_utils", "write_artifact") or _write_standalone_kw
     return _materialize_standalone(idx_value, field_key, value, output_dir, artifact_config, write)
 

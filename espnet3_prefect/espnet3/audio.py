@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -113,13 +113,13 @@ class Audio:
         """
         return self.array.shape[-1] / self.rate
 
-    def mono(self, channel: int = 0) -> "Audio":
+    def mono(self, channel: int = 0) -> Audio:
         """One channel (the first by default) as 1-D audio; ``self`` when already mono."""
         if self.array.ndim == 1:
             return self
         return Audio(self.array[channel], self.rate)
 
-    def multichannel(self) -> "Audio":
+    def multichannel(self) -> Audio:
         """This audio as ``(channels, samples)``: mono becomes ``(1, samples)``."""
         if self.array.ndim == 2:
             return self
@@ -129,19 +129,19 @@ class Audio:
         return out
 
     @classmethod
-    def read(cls, path: str | Path, rate: int | None = None) -> "Audio":
+    def read(cls, path: str | Path, rate: int | None = None) -> Audio:
         """Read an audio file with soundfile (every channel), resampled to ``rate`` when given."""
         try:
             import soundfile
         except ImportError:
             raise ModuleNotFoundError(
-                f"reading audio file {str(path)!r} needs soundfile: pip install soundfile",
-                name="soundfile") from None
+                f"reading audio file {str(path)!r} needs soundfile: pip install soundfile", name="soundfile"
+            ) from None
         samples, file_rate = soundfile.read(str(path), dtype="float32", always_2d=True)
         audio = cls(samples, file_rate)
         return audio if rate is None else audio.resample(rate)
 
-    def resample(self, rate: int) -> "Audio":
+    def resample(self, rate: int) -> Audio:
         """This audio at ``rate`` (librosa's default resampler, as ESPnet3); ``self`` if already there."""
         if rate == self.rate:
             return self
@@ -151,11 +151,12 @@ class Audio:
             raise ModuleNotFoundError(
                 f"audio at {self.rate} Hz must be resampled to {rate} Hz, which needs librosa: "
                 f"pip install librosa (or {INSTALL_ESPNET3}, which brings it), or give audio at {rate} Hz",
-                name="librosa") from None
+                name="librosa",
+            ) from None
         return Audio(librosa.resample(self.array, orig_sr=self.rate, target_sr=rate, axis=-1), rate)
 
     @classmethod
-    def coerce(cls, value: Any, rate: Optional[int]) -> "Audio":
+    def coerce(cls, value: Any, rate: int | None) -> Audio:
         """Make an :class:`Audio` at ``rate`` (``None``: its own rate) from what a caller holds.
 
         Accepted: an ``Audio`` (ours or ESPnet3's), a file path (read with soundfile), a
@@ -165,9 +166,10 @@ class Audio:
         Examples:
             >>> Audio.coerce((8000, np.zeros(3, dtype=np.int16)), 8000).array
             array([0., 0., 0.], dtype=float32)
-            >>> Audio.coerce(np.zeros(3), None)
+            >>> Audio.coerce(np.zeros(3), None)  # doctest: +NORMALIZE_WHITESPACE
             Traceback (most recent call last):
-            TypeError: cannot tell the sample rate of a bare audio array: set the field's sample_rate (or model.sample_rate), or pass an Audio, a (rate, samples) pair or a file path
+            TypeError: cannot tell the sample rate of a bare audio array: set the field's sample_rate (or
+            model.sample_rate), or pass an Audio, a (rate, samples) pair or a file path
         """
         if not isinstance(value, Audio) and is_audio(value):
             value = Audio(value.array, value.rate)  # ESPnet3's Audio: same samples, our class
@@ -187,11 +189,13 @@ class Audio:
             if rate is None:
                 raise TypeError(
                     "cannot tell the sample rate of a bare audio array: set the field's sample_rate "
-                    "(or model.sample_rate), or pass an Audio, a (rate, samples) pair or a file path")
+                    "(or model.sample_rate), or pass an Audio, a (rate, samples) pair or a file path"
+                )
             return cls(value, rate)
         raise TypeError(
             "audio must be an Audio, a file path, a (rate, samples) pair, a NumPy array or a "
-            f"tensor, got {type(value).__name__}")
+            f"tensor, got {type(value).__name__}"
+        )
 
 
 def _upstream_audio(value: Any) -> Any:

@@ -57,12 +57,12 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, Optional
+from typing import Any
 
+from espnet3_prefect.errors import one_line
 from espnet3_prefect.espnet3.audio import ESPNET3_VERSION, Audio, _AudioShimDataset, _shim_mapping, is_audio
 from espnet3_prefect.espnet3.contract_kinds import SUPPORTED_KINDS, ContractTypeError
 from espnet3_prefect.espnet3.contract_standalone import Field, InferenceContract, _load_standalone
-from espnet3_prefect.errors import one_line
 
 #: True: never hand work to espnet3, even where it is importable (this module and ``artifacts``).
 STANDALONE = False
@@ -71,7 +71,7 @@ STANDALONE = False
 # --------------------------------------------------------------------------- delegation
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _find_upstream():
     try:
         if importlib.util.find_spec("espnet3.contract") is None:
@@ -112,11 +112,12 @@ def standalone(enabled: bool = True) -> Iterator[None]:
     Not thread-safe: it flips the module flag :data:`STANDALONE`.
 
     Examples:
-        >>> with standalone():
+        >>> with standalone():  # doctest: +NORMALIZE_WHITESPACE
         ...     load_inference_contract({"inputs": {"x": {"kind": "text"}},
         ...                              "outputs": {"seg": {"kind": "segments"}}})
         Traceback (most recent call last):
-        espnet3_prefect.errors.ConfigError: contract.outputs.seg.kind: 'segments' needs espnet3 installed (pip install espnet==202611)
+        espnet3_prefect.errors.ConfigError: contract.outputs.seg.kind: 'segments' needs espnet3 installed (pip install
+        espnet==202611)
     """
     global STANDALONE
     saved, STANDALONE = STANDALONE, enabled
@@ -124,7 +125,6 @@ def standalone(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         STANDALONE = saved
-
 
 
 # --------------------------------------------------------------------------- public entry points
@@ -161,7 +161,7 @@ def load_inference_contract(config: Any, *, allow_imports: bool = True):
     return _load_standalone(config, allow_imports)
 
 
-def resolve_inference_contract(contract: Any, root: Optional[str] = None):
+def resolve_inference_contract(contract: Any, root: str | None = None):
     """A contract from a loaded contract, its mapping form (as infer() ships it) or None.
 
     ``root`` (the recipe folder) is put on ``sys.path`` by ESPnet3 so ``contract.imports``
@@ -186,7 +186,9 @@ def resolve_inference_contract(contract: Any, root: Optional[str] = None):
         return _load_standalone(contract, True)
     if _is_upstream_contract(contract):
         return contract
-    raise TypeError(f"inference_contract must be an InferenceContract or its mapping form, got {type(contract).__name__}")
+    raise TypeError(
+        f"inference_contract must be an InferenceContract or its mapping form, got {type(contract).__name__}"
+    )
 
 
 def prepare_inference_inputs(dataset: Any, idx: Any, contract: Any, model: Any):
@@ -209,7 +211,10 @@ def prepare_inference_inputs(dataset: Any, idx: Any, contract: Any, model: Any):
 
 
 def _bad_contract(contract: Any):
-    raise TypeError(f"inference contract must be an InferenceContract (see resolve_inference_contract), got {type(contract).__name__}")
+    raise TypeError(
+        "inference contract must be an InferenceContract (see resolve_inference_contract), "
+        f"got {type(contract).__name__}"
+    )
 
 
 def validate_inference_outputs(result: Any, idx: Any, contract: Any, model: Any, original: Mapping, idx_key: str):
@@ -244,10 +249,13 @@ def validate_inference_outputs(result: Any, idx: Any, contract: Any, model: Any,
             result = [{key: values[pos] for key, values in result.items()} for pos in range(len(indices))]
     results = result if isinstance(result, list) else [result]
     if len(results) != len(indices):
-        raise ValueError(one_line(
-            f"dataset indices {indices}: a contracted model must return one output mapping per sample "
-            f"(a list of {len(indices)} mappings, or a mapping of {len(indices)}-long lists), got "
-            f"{len(results)} result(s)"))
+        raise ValueError(
+            one_line(
+                f"dataset indices {indices}: a contracted model must return one output mapping per sample "
+                f"(a list of {len(indices)} mappings, or a mapping of {len(indices)}-long lists), got "
+                f"{len(results)} result(s)"
+            )
+        )
     outputs = [
         contract.prepare_output(value, model, idx=index, idx_key=idx_key, sample=original[index])
         for index, value in zip(indices, results)
@@ -256,7 +264,18 @@ def validate_inference_outputs(result: Any, idx: Any, contract: Any, model: Any,
 
 
 __all__ = [
-    "Audio", "ContractTypeError", "ESPNET3_VERSION", "Field", "InferenceContract",
-    "SUPPORTED_KINDS", "delegates", "is_audio", "load_inference_contract", "prepare_inference_inputs",
-    "resolve_inference_contract", "standalone", "upstream_module", "validate_inference_outputs",
+    "Audio",
+    "ContractTypeError",
+    "ESPNET3_VERSION",
+    "Field",
+    "InferenceContract",
+    "SUPPORTED_KINDS",
+    "delegates",
+    "is_audio",
+    "load_inference_contract",
+    "prepare_inference_inputs",
+    "resolve_inference_contract",
+    "standalone",
+    "upstream_module",
+    "validate_inference_outputs",
 ]

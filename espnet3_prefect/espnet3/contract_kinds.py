@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from espnet3_prefect.espnet3.audio import INSTALL_ESPNET3, Audio, is_audio
 from espnet3_prefect.errors import ConfigError, one_line
+from espnet3_prefect.espnet3.audio import INSTALL_ESPNET3, Audio, is_audio
 
 # Keys of one field declaration that describe the field itself; every other key is a kind option.
 FIELD_KEYS = ("kind", "label", "optional", "channels")
@@ -49,20 +49,27 @@ class _Kind:
         unknown = set(options) - self.option_names
         if unknown:
             allowed = sorted(self.option_names | set(FIELD_KEYS))
-            raise ConfigError(one_line(
-                f"{where}: unknown option(s) {sorted(unknown, key=str)} for kind {self.name!r}; "
-                f"allowed: {', '.join(allowed)}"))
+            raise ConfigError(
+                one_line(
+                    f"{where}: unknown option(s) {sorted(unknown, key=str)} for kind {self.name!r}; "
+                    f"allowed: {', '.join(allowed)}"
+                )
+            )
         names = _normalizer_names(options)
         if not isinstance(names, (list, tuple)) or any(not isinstance(n, str) for n in names):
-            raise ContractTypeError(one_line(
-                f"{where}.normalize must be a normalizer name or a list of names, got {names!r}"))
+            raise ContractTypeError(
+                one_line(f"{where}.normalize must be a normalizer name or a list of names, got {names!r}")
+            )
         unknown = set(names) - set(self.normalizers)
         if unknown:
             known = ", ".join(self.normalizers) or "none"
-            raise ConfigError(one_line(
-                f"{where}.normalize: unknown normalizer(s) {sorted(unknown)} for kind {self.name!r} "
-                f"(built in: {known}); custom normalizers (contract.imports + register_normalizer) "
-                f"need espnet3 installed ({INSTALL_ESPNET3})"))
+            raise ConfigError(
+                one_line(
+                    f"{where}.normalize: unknown normalizer(s) {sorted(unknown)} for kind {self.name!r} "
+                    f"(built in: {known}); custom normalizers (contract.imports + register_normalizer) "
+                    f"need espnet3 installed ({INSTALL_ESPNET3})"
+                )
+            )
 
     def check(self, value, field, model, *, output, where):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -139,7 +146,8 @@ class _AudioKind(_Kind):
                 if carried is not None and rate is not None and carried != rate:
                     raise ValueError(
                         f"{where} has sample rate {carried}, expected {rate} (rate_policy: reject; "
-                        "use rate_policy: resample to convert it)")
+                        "use rate_policy: resample to convert it)"
+                    )
             return self.check(value, field, SimpleNamespace(sample_rate=rate), output=output, where=where)
         except ModuleNotFoundError as exc:
             if exc.name in ("librosa", "soundfile") and not str(exc).startswith(where):
@@ -156,7 +164,8 @@ class _AudioKind(_Kind):
             if rate is None:
                 raise TypeError(
                     f"{where} is a bare array but no sample rate is fixed (no sample_rate option, "
-                    "no model.sample_rate): return an Audio or a (rate, samples) pair")
+                    "no model.sample_rate): return an Audio or a (rate, samples) pair"
+                )
             audio = Audio(value, rate)
         else:
             audio = Audio.coerce(value, rate)
@@ -180,10 +189,13 @@ def _check_declaration(name: Any, kind: Any, channels: Any, options: Any, where:
             raise ConfigError(f"{where}.kind: {kind!r} needs espnet3 installed ({INSTALL_ESPNET3})")
         if kind is None:
             raise ConfigError(f"{where}.kind is missing; one of {sorted(_KINDS)}")
-        raise ConfigError(one_line(
-            f"{where}.kind: unknown kind {kind!r}; built in: {sorted(_KINDS)} "
-            f"({', '.join(NEEDS_ESPNET3_KINDS)} and custom kinds from contract.imports need espnet3 "
-            f"installed: {INSTALL_ESPNET3})"))
+        raise ConfigError(
+            one_line(
+                f"{where}.kind: unknown kind {kind!r}; built in: {sorted(_KINDS)} "
+                f"({', '.join(NEEDS_ESPNET3_KINDS)} and custom kinds from contract.imports need espnet3 "
+                f"installed: {INSTALL_ESPNET3})"
+            )
+        )
     if not isinstance(options, Mapping):
         raise ContractTypeError(f"{where}: kind options must be a mapping, got {type(options).__name__}")
     _KINDS[kind].validate_options(options, where)

@@ -10,11 +10,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Any, Optional
+from typing import Any
 
+from espnet3_prefect.errors import ConfigError, one_line
 from espnet3_prefect.espnet3.audio import INSTALL_ESPNET3
 from espnet3_prefect.espnet3.contract_kinds import _KINDS, FIELD_KEYS, ContractTypeError, _check_declaration
-from espnet3_prefect.errors import ConfigError, one_line
 
 _TOP_KEYS = ("imports", "inputs", "outputs")
 
@@ -26,16 +26,17 @@ class Field:
     Examples:
         >>> Field("reference_speech", "audio", optional=True).label
         'Reference speech'
-        >>> Field("seg", "segments")
+        >>> Field("seg", "segments")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
-        espnet3_prefect.errors.ConfigError: field 'seg'.kind: 'segments' needs espnet3 installed (pip install espnet==202611)
+        espnet3_prefect.errors.ConfigError: field 'seg'.kind: 'segments' needs espnet3 installed (pip install
+        espnet==202611)
     """
 
     name: str
     kind: str
     label: str = ""
     optional: bool = False
-    channels: Optional[int] = None
+    channels: int | None = None
     options: Mapping[str, Any] = dataclass_field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,17 +71,27 @@ class InferenceContract:
             {'text': 'hi', 'utt_id': 'a'}
         """
         if not isinstance(sample, Mapping):
-            raise TypeError(f"{_item(index)} must be a mapping of field names for a contract, got {type(sample).__name__}")
+            raise TypeError(
+                f"{_item(index)} must be a mapping of field names for a contract, got {type(sample).__name__}"
+            )
         prepared = dict(sample)
         for spec in self.inputs:
             if spec.name not in sample or (spec.optional and sample[spec.name] is None):
                 if spec.optional:
                     prepared.pop(spec.name, None)
                     continue
-                raise KeyError(f"contract.inputs.{spec.name}: required input {spec.name!r} is missing from {_item(index)}")
+                raise KeyError(
+                    f"contract.inputs.{spec.name}: required input {spec.name!r} is missing from {_item(index)}"
+                )
             kind = _KINDS[spec.kind]
-            value = kind.apply(sample[spec.name], spec, model, spec.options, output=False,
-                               where=f"input {spec.name!r} of {_item(index)}")
+            value = kind.apply(
+                sample[spec.name],
+                spec,
+                model,
+                spec.options,
+                output=False,
+                where=f"input {spec.name!r} of {_item(index)}",
+            )
             prepared[spec.name] = kind.to_model_input(value, spec)
         return prepared
 
@@ -101,8 +112,7 @@ class InferenceContract:
         keys = [input_key] if isinstance(input_key, str) else list(input_key)
         declared = [spec.name for spec in self.inputs]
         if len(keys) != len(set(keys)) or set(keys) != set(declared):
-            raise ValueError(
-                f"input_key {keys} must name each field of contract.inputs {declared} exactly once")
+            raise ValueError(f"input_key {keys} must name each field of contract.inputs {declared} exactly once")
 
     def prepare_output(self, result: Any, model: Any, *, idx: Any, idx_key: str, sample: Mapping) -> dict[str, Any]:
         """Check one result mapping against the declared outputs and attach ``idx_key``.
@@ -120,20 +130,28 @@ class InferenceContract:
         if not isinstance(result, Mapping):
             raise TypeError(
                 f"{where_item}: with a contract the model (after format_output) must return a mapping "
-                f"of output names, got {type(result).__name__}")
+                f"of output names, got {type(result).__name__}"
+            )
         declared = [spec.name for spec in self.outputs]
         if idx_key in declared:
-            raise ValueError(f"contract.outputs.{idx_key}: {idx_key!r} is the idx_key (it holds the utterance id); rename the output")
+            raise ValueError(
+                f"contract.outputs.{idx_key}: {idx_key!r} is the idx_key (it holds the utterance id); rename the output"
+            )
         extra = set(result) - set(declared) - {idx_key}
         if extra:
-            raise ValueError(f"{where_item}: output(s) {sorted(extra, key=str)} are not declared in contract.outputs {declared}")
+            raise ValueError(
+                f"{where_item}: output(s) {sorted(extra, key=str)} are not declared in contract.outputs {declared}"
+            )
         prepared = {}
         for spec in self.outputs:
             if spec.name not in result:
-                raise KeyError(f"contract.outputs.{spec.name}: declared output {spec.name!r} is missing from the result for {where_item}")
+                raise KeyError(
+                    f"contract.outputs.{spec.name}: declared output {spec.name!r} is missing from the result "
+                    f"for {where_item}"
+                )
             prepared[spec.name] = _KINDS[spec.kind].apply(
-                result[spec.name], spec, model, spec.options, output=True,
-                where=f"output {spec.name!r} of {where_item}")
+                result[spec.name], spec, model, spec.options, output=True, where=f"output {spec.name!r} of {where_item}"
+            )
         prepared[idx_key] = result.get(idx_key, sample.get(idx_key, str(idx)))
         return prepared
 
@@ -141,14 +159,16 @@ class InferenceContract:
 def _section(raw: Any, section: str) -> tuple[Field, ...]:
     where_section = f"contract.{section}"
     if not isinstance(raw, Mapping) or not raw:
-        raise ConfigError(one_line(
-            f"{where_section} needs at least one field (a mapping of field name to declaration), got {raw!r}"))
+        raise ConfigError(
+            one_line(f"{where_section} needs at least one field (a mapping of field name to declaration), got {raw!r}")
+        )
     fields = []
     for name, declaration in raw.items():
         where = f"{where_section}.{name}"
         if not isinstance(declaration, Mapping):
             raise ContractTypeError(
-                f"{where} must be a mapping such as {{kind: text}}, got {type(declaration).__name__}")
+                f"{where} must be a mapping such as {{kind: text}}, got {type(declaration).__name__}"
+            )
         own = {key: value for key, value in declaration.items() if key in FIELD_KEYS}
         options = {key: value for key, value in declaration.items() if key not in FIELD_KEYS}
         own.setdefault("kind", None)
@@ -185,9 +205,12 @@ def _load_standalone(config: Any, allow_imports: bool) -> InferenceContract | No
     if imports and not allow_imports:
         raise ConfigError("contract.imports is refused here: loading recipe modules needs trust_user_code=True")
     if imports:
-        raise ConfigError(one_line(
-            f"contract.imports: {list(imports)} needs espnet3 installed ({INSTALL_ESPNET3}): custom kinds "
-            "and normalizers are registered in espnet3.contract"))
+        raise ConfigError(
+            one_line(
+                f"contract.imports: {list(imports)} needs espnet3 installed ({INSTALL_ESPNET3}): custom kinds "
+                "and normalizers are registered in espnet3.contract"
+            )
+        )
     return InferenceContract(
         inputs=_section(config.get("inputs"), "inputs"),
         outputs=_section(config.get("outputs"), "outputs"),

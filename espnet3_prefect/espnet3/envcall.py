@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from espnet3_prefect.errors import ConfigError
 
@@ -31,7 +32,8 @@ def call_with_env(fn: Callable, *args: Any, env: Mapping[str, Any], **explicit: 
     if clash:
         raise ConfigError(
             f"{getattr(fn, '__qualname__', fn)}: argument {clash[0]!r} is passed both explicitly and by "
-            f"the provider env; rename one of them")
+            f"the provider env; rename one of them"
+        )
     injected = {k: v for k, v in env.items() if takes_all or k in names}
     return fn(*args, **explicit, **injected)
 

@@ -13,19 +13,23 @@ are not scalars become artifacts under ``split.N/<field>/<id>.<ext>``, the line 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any
 
-from espnet3_prefect.espnet3.artifacts import check_utt_id, materialize_output_value
-from espnet3_prefect.espnet3.contract import prepare_inference_inputs, resolve_inference_contract, validate_inference_outputs
-from espnet3_prefect.errors import BadInputError, ConfigError, one_line
-from espnet3_prefect.pipeline.merge import concat_files
-from espnet3_prefect.espnet3.runner import BaseRunner
 from espnet3_prefect.config.targets import load_callable
+from espnet3_prefect.errors import BadInputError, ConfigError, one_line
+from espnet3_prefect.espnet3.artifacts import check_utt_id, materialize_output_value
+from espnet3_prefect.espnet3.contract import (
+    prepare_inference_inputs,
+    resolve_inference_contract,
+    validate_inference_outputs,
+)
+from espnet3_prefect.espnet3.runner import BaseRunner
+from espnet3_prefect.pipeline.merge import concat_files
 
 
-def key_list(keys: Any) -> List[str]:
+def key_list(keys: Any) -> list[str]:
     """None -> [], one key -> [key], a list-like -> a list.
 
     >>> key_list(None), key_list("hyp"), key_list(("hyp", "ref"))
@@ -42,7 +46,7 @@ def _as_key_or_list(keys: Any) -> Any:
     return keys if keys is None or isinstance(keys, str) else list(keys)
 
 
-def _flatten(result: Any) -> List[Any]:
+def _flatten(result: Any) -> list[Any]:
     """Results as a flat list: a batch's list (nested lists too) or one result."""
     if isinstance(result, list):
         return [out for item in result for out in _flatten(item)]
@@ -61,18 +65,25 @@ class InferenceRunner(BaseRunner):
     or a list) are keys every output must carry. Other arguments go to :class:`BaseRunner`.
     """
 
-    def __init__(self, provider: Any, idx_key: str = "utt_id", hyp_key: str | Sequence[str] = "hyp",
-                 ref_key: str | Sequence[str] = "ref", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        provider: Any,
+        idx_key: str = "utt_id",
+        hyp_key: str | Sequence[str] = "hyp",
+        ref_key: str | Sequence[str] = "ref",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(provider, **kwargs)
         self.idx_key = idx_key
         self.hyp_key = _as_key_or_list(hyp_key)
         self.ref_key = _as_key_or_list(ref_key)
 
-    def resolve_idx_key(self, output: Dict[str, Any]) -> str:
+    def resolve_idx_key(self, output: dict[str, Any]) -> str:
         """``idx_key``, after checking ``output`` carries it."""
         if self.idx_key not in output:
-            raise BadInputError(f"inference output has no {self.idx_key!r} (idx_key) key: "
-                                f"keys {', '.join(map(str, output))}")
+            raise BadInputError(
+                f"inference output has no {self.idx_key!r} (idx_key) key: keys {', '.join(map(str, output))}"
+            )
         return self.idx_key
 
     @classmethod
@@ -112,7 +123,8 @@ class InferenceRunner(BaseRunner):
                 raise
             raise RuntimeError(
                 f"batched inference ran out of memory on {len(indices)} items (dataset indices {indices}); "
-                f"lower batch_size, or sort the test set by length: {one_line(exc)}") from exc
+                f"lower batch_size, or sort the test set by length: {one_line(exc)}"
+            ) from exc
         if output_fn is not None:
             result = output_fn(data=samples if batched else samples[0], model_output=result, idx=idx)
         result = cls.format_output(result, batched=batched)
@@ -157,14 +169,27 @@ class InferenceRunner(BaseRunner):
 
     # -- writer hooks ----------------------------------------------------------------------------
     @staticmethod
-    def open_writers(shard_dir: Optional[Path], output_artifacts: Optional[Dict[str, dict]] = None,
-                     **env: Any) -> Dict[str, Any]:
-        return {"shard_dir": shard_dir, "artifact_configs": output_artifacts or {}, "scp_handles": {},
-                "field_keys": set()}
+    def open_writers(
+        shard_dir: Path | None, output_artifacts: dict[str, dict] | None = None, **env: Any
+    ) -> dict[str, Any]:
+        return {
+            "shard_dir": shard_dir,
+            "artifact_configs": output_artifacts or {},
+            "scp_handles": {},
+            "field_keys": set(),
+        }
 
     @staticmethod
-    def write_record(writers: Dict[str, Any], result: Any, state: Dict[str, Any], idx_key: str = "utt_id",
-                     output_keys=None, hyp_key=None, ref_key=None, **env: Any) -> None:
+    def write_record(
+        writers: dict[str, Any],
+        result: Any,
+        state: dict[str, Any],
+        idx_key: str = "utt_id",
+        output_keys=None,
+        hyp_key=None,
+        ref_key=None,
+        **env: Any,
+    ) -> None:
         """Check each output and append ``<id> <value>`` to ``split.N/<field>.scp``."""
         wanted = output_keys if output_keys is not None else [*key_list(hyp_key), *key_list(ref_key)]
         shard_dir = Path(writers["shard_dir"])
@@ -176,15 +201,16 @@ class InferenceRunner(BaseRunner):
             for field in fields:
                 if field not in output:
                     raise BadInputError(f"{idx_key}={utt!r}: output has no field {field!r} listed in output_keys")
-                value = materialize_output_value(utt, field, output[field], shard_dir,
-                                                 writers["artifact_configs"].get(field))
+                value = materialize_output_value(
+                    utt, field, output[field], shard_dir, writers["artifact_configs"].get(field)
+                )
                 handle = writers["scp_handles"].get(field)
                 if handle is None:
                     handle = writers["scp_handles"][field] = (shard_dir / f"{field}.scp").open("w", encoding="utf-8")
                 handle.write(f"{utt} {_one_line_value(value, utt, field)}\n")
 
     @staticmethod
-    def close_writers(writers: Dict[str, Any], state: Dict[str, Any], **env: Any) -> Optional[Dict[str, Any]]:
+    def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any] | None:
         """Close the SCP files and list the fields written in ``field_keys.txt`` (sorted)."""
         for handle in writers.get("scp_handles", {}).values():
             handle.close()
@@ -192,7 +218,7 @@ class InferenceRunner(BaseRunner):
         (Path(writers["shard_dir"]) / "field_keys.txt").write_text("".join(f"{k}\n" for k in keys), encoding="utf-8")
         return None
 
-    def merge(self, shard_dirs: List[Path]) -> None:
+    def merge(self, shard_dirs: list[Path]) -> None:
         """Concatenate each field's ``<field>.scp``, in shard order, into ``output_dir/[shard_subdir]``."""
         fields: list[str] = []
         for shard_dir in shard_dirs:
@@ -219,24 +245,32 @@ class InferenceRunner(BaseRunner):
 
 def _check_output(output: Any, idx_key: str, required: list) -> None:
     if not isinstance(output, dict):
-        raise BadInputError(f"forward() output must be a dict with {idx_key!r}, got {type(output).__name__}: "
-                            f"{one_line(repr(output))[:120]}")
+        raise BadInputError(
+            f"forward() output must be a dict with {idx_key!r}, got {type(output).__name__}: "
+            f"{one_line(repr(output))[:120]}"
+        )
     if idx_key not in output:
         raise BadInputError(f"forward() output has no {idx_key!r} key (keys: {', '.join(map(str, output))})")
     missing = sorted(set(required) - set(output))
     if missing:
-        raise BadInputError(f"{idx_key}={output[idx_key]!r}: output lacks required key(s) {', '.join(missing)} "
-                            f"(hyp_key/ref_key/output_keys)")
+        raise BadInputError(
+            f"{idx_key}={output[idx_key]!r}: output lacks required key(s) {', '.join(missing)} "
+            f"(hyp_key/ref_key/output_keys)"
+        )
     if isinstance(output[idx_key], (list, tuple)):
-        raise BadInputError(f"forward() output {idx_key!r} must be a single value, not {type(output[idx_key]).__name__}")
+        raise BadInputError(
+            f"forward() output {idx_key!r} must be a single value, not {type(output[idx_key]).__name__}"
+        )
 
 
 def _utt_id(value: Any, idx_key: str) -> str:
     try:
         return check_utt_id(value)
     except ValueError as exc:
-        raise BadInputError(f"{idx_key} {value!r}: must be a plain token (no whitespace, '/' or '\\', "
-                            f"not '.' or '..'): it heads an SCP line and names artifact files") from exc
+        raise BadInputError(
+            f"{idx_key} {value!r}: must be a plain token (no whitespace, '/' or '\\', "
+            f"not '.' or '..'): it heads an SCP line and names artifact files"
+        ) from exc
 
 
 def _one_line_value(value: Any, utt: str, field: str) -> Any:

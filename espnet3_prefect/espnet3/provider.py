@@ -12,13 +12,14 @@ import contextlib
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.config.targets import instantiate
+from espnet3_prefect.errors import ConfigError
 
 _MODEL_BUILD_LOCK = threading.RLock()
 
@@ -36,11 +37,11 @@ class EnvironmentProvider:
     def __init__(self, config: Any):
         self.config = config
 
-    def build_env_local(self) -> Dict[str, Any]:
+    def build_env_local(self) -> dict[str, Any]:
         """The env for this process: a plain dict of named entries injected into ``forward``."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement build_env_local()")
 
-    def build_worker_setup_fn(self) -> Callable[[], Dict[str, Any]]:
+    def build_worker_setup_fn(self) -> Callable[[], dict[str, Any]]:
         """A picklable no-argument function that builds the env on a worker."""
         return _BuildLocal(self)
 
@@ -49,7 +50,7 @@ class _BuildLocal:
     def __init__(self, provider: EnvironmentProvider):
         self.provider = provider
 
-    def __call__(self) -> Dict[str, Any]:
+    def __call__(self) -> dict[str, Any]:
         return self.provider.build_env_local()
 
 
@@ -59,17 +60,17 @@ class InferenceProvider(EnvironmentProvider):
     Override the static :meth:`build_dataset` / :meth:`build_model` for recipe-specific logic.
     """
 
-    def __init__(self, inference_config: Any = None, params: Dict[str, Any] | None = None):
+    def __init__(self, inference_config: Any = None, params: dict[str, Any] | None = None):
         super().__init__(inference_config)
         self.params = params or {}
         self.config.update(self.params)
 
-    def build_env_local(self) -> Dict[str, Any]:
+    def build_env_local(self) -> dict[str, Any]:
         env = {"dataset": self.build_dataset(self.config), "model": self.build_model(self.config)}
         env.update(self.params)
         return env
 
-    def build_worker_setup_fn(self) -> Callable[[], Dict[str, Any]]:
+    def build_worker_setup_fn(self) -> Callable[[], dict[str, Any]]:
         """A function over the class, the config and a copy of the params (never ``self``)."""
         return _InferenceSetup(type(self), self.config, dict(self.params))
 
@@ -111,7 +112,7 @@ class _InferenceSetup:
     def __init__(self, cls: type, config: Any, params: dict):
         self.cls, self.config, self.params = cls, config, params
 
-    def __call__(self) -> Dict[str, Any]:
+    def __call__(self) -> dict[str, Any]:
         env = {"dataset": self.cls.build_dataset(self.config), "model": self.cls.build_model(self.config)}
         env.update(self.params)
         return env
@@ -167,21 +168,25 @@ def resolve_device(config: Any = None) -> str:
     >>> resolve_device({"device": "cpu"})
     'cpu'
     """
-    get = (lambda k: OmegaConf.select(config, k)) if isinstance(config, DictConfig) else (
-        lambda k: (config or {}).get(k))
+    get = (
+        (lambda k: OmegaConf.select(config, k)) if isinstance(config, DictConfig) else (lambda k: (config or {}).get(k))
+    )
     device = get("device")
     if device not in (None, "", "auto"):
         return str(device)
     count = _cuda_device_count()
     if count == 0:
         return "cpu"
-    index = next((v for v in (get("device_index"), get("local_rank"), os.environ.get("LOCAL_RANK"))
-                  if v not in (None, "")), None)
+    index = next(
+        (v for v in (get("device_index"), get("local_rank"), os.environ.get("LOCAL_RANK")) if v not in (None, "")), None
+    )
     if index is None:
         return "cuda:0"
     if not 0 <= int(index) < count:
-        raise ConfigError(f"device_index: CUDA device {index} does not exist for this process "
-                          f"({count} visible GPU(s)); check CUDA_VISIBLE_DEVICES / LOCAL_RANK")
+        raise ConfigError(
+            f"device_index: CUDA device {index} does not exist for this process "
+            f"({count} visible GPU(s)); check CUDA_VISIBLE_DEVICES / LOCAL_RANK"
+        )
     return f"cuda:{int(index)}"
 
 

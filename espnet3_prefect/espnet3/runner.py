@@ -22,14 +22,14 @@ with these hooks (ours, the real espnet3 ones, or a plain class), locally or on 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any
 
 from espnet3_prefect.espnet3.envcall import call_hook
 from espnet3_prefect.pipeline.layout import shard_dir_path
 
-
-_CALL_HANDLER: Optional[Callable[[Any, Iterable[int]], Any]] = None
+_CALL_HANDLER: Callable[[Any, Iterable[int]], Any] | None = None
 
 
 def set_call_handler(handler: Callable[[Any, Iterable[int]], Any]) -> None:
@@ -47,8 +47,14 @@ class BaseRunner(ABC):
     shards go to ``output_dir/[shard_subdir]/split.N``), ``shard_subdir``, ``resume``.
     """
 
-    def __init__(self, provider: Any, batch_size: int | None = None, output_dir: str | Path | None = None,
-                 shard_subdir: str = "", resume: bool = True):
+    def __init__(
+        self,
+        provider: Any,
+        batch_size: int | None = None,
+        output_dir: str | Path | None = None,
+        shard_subdir: str = "",
+        resume: bool = True,
+    ):
         self.provider = provider
         self.batch_size = batch_size
         self.output_dir = Path(output_dir) if output_dir is not None else None
@@ -63,17 +69,17 @@ class BaseRunner(ABC):
 
     # -- per-shard hooks (upstream defaults) ---------------------------------------------------
     @staticmethod
-    def open_writers(shard_dir: Optional[Path], **env: Any) -> Dict[str, Any]:
+    def open_writers(shard_dir: Path | None, **env: Any) -> dict[str, Any]:
         """Open per-shard writers; the default opens none."""
         return {}
 
     @staticmethod
-    def write_record(writers: Dict[str, Any], result: Any, state: Dict[str, Any], **env: Any) -> None:
+    def write_record(writers: dict[str, Any], result: Any, state: dict[str, Any], **env: Any) -> None:
         """Persist one ``forward`` result; the default keeps it in ``state["records"]``."""
         state.setdefault("records", []).append(result)
 
     @staticmethod
-    def close_writers(writers: Dict[str, Any], state: Dict[str, Any], **env: Any) -> Optional[Dict[str, Any]]:
+    def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any] | None:
         """Close every writer that has a ``close`` method; a returned dict is merged into the state."""
         for writer in writers.values():
             close = getattr(writer, "close", None)
@@ -81,28 +87,29 @@ class BaseRunner(ABC):
                 close()
         return None
 
-    def merge(self, shard_dirs: List[Path]) -> Any:
+    def merge(self, shard_dirs: list[Path]) -> Any:
         """Combine finished shard folders (given in shard order) into the final result; default: None."""
         return None
 
     # -- shard state (upstream's classmethods; hooks tolerate older, shorter signatures) -------
     @classmethod
-    def init_state(cls, shard_id: int = 0, output_dir: str = "", shard_subdir: str = "", **env: Any) -> Dict[str, Any]:
+    def init_state(cls, shard_id: int = 0, output_dir: str = "", shard_subdir: str = "", **env: Any) -> dict[str, Any]:
         """Create ``split.<shard_id>`` and open its writers; returns the shard state."""
         shard_dir = shard_dir_path(output_dir, shard_subdir, shard_id)
         shard_dir.mkdir(parents=True, exist_ok=True)
-        writers = call_hook(cls.open_writers, shard_dir, env=env, shard_id=shard_id, output_dir=output_dir,
-                            shard_subdir=shard_subdir)
+        writers = call_hook(
+            cls.open_writers, shard_dir, env=env, shard_id=shard_id, output_dir=output_dir, shard_subdir=shard_subdir
+        )
         return {"shard_id": shard_id, "shard_dir": str(shard_dir), "_writers": writers, "records": []}
 
     @classmethod
-    def reduce_state(cls, state: Dict[str, Any], result: Any, **env: Any) -> Dict[str, Any]:
+    def reduce_state(cls, state: dict[str, Any], result: Any, **env: Any) -> dict[str, Any]:
         """Fold one ``forward`` result into the state through ``write_record``."""
         call_hook(cls.write_record, state["_writers"], result, state, env=env)
         return state
 
     @classmethod
-    def finalize_state(cls, state: Dict[str, Any], **env: Any) -> Dict[str, Any]:
+    def finalize_state(cls, state: dict[str, Any], **env: Any) -> dict[str, Any]:
         """Close the writers, merge what ``close_writers`` returns into the state, drop ``_writers``."""
         meta = call_hook(cls.close_writers, state.get("_writers", {}), state, env=env) or {}
         if meta:

@@ -31,21 +31,28 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
 from espnet3_prefect.execution import backends
 from espnet3_prefect.execution.backends.base import Backend, ClusterContext
 from espnet3_prefect.execution.backends.jobs import current_flow_run_id, run_job_name, run_tag, tag_of
 from espnet3_prefect.execution.backends.tls import RunCertificates
 from espnet3_prefect.execution.backends.watcher import JobWatcher
-from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
 from espnet3_prefect.execution.spec import ParallelSpec, build_task_runner
 
 
 @contextlib.contextmanager
-def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger, worker_preload: tuple[str, ...] = (),
-                     forkserver_preload: tuple[str, ...] = ()) -> Iterator[Any]:
+def open_task_runner(
+    spec: ParallelSpec,
+    *,
+    log_root: Path,
+    logger,
+    worker_preload: tuple[str, ...] = (),
+    forkserver_preload: tuple[str, ...] = (),
+) -> Iterator[Any]:
     """The flow's ``DaskTaskRunner``, started; batch jobs watched and always cleaned up.
 
     ``log_root`` is the inference dir (the default job logs go under it). ``worker_preload``: modules
@@ -66,8 +73,9 @@ def open_task_runner(spec: ParallelSpec, *, log_root: Path, logger, worker_prelo
             certs.remove()
 
 
-def _certificates(spec: ParallelSpec, backend: Backend | None, job_name: str, folder: str | None,
-                  made: list, logger) -> RunCertificates | None:
+def _certificates(
+    spec: ParallelSpec, backend: Backend | None, job_name: str, folder: str | None, made: list, logger
+) -> RunCertificates | None:
     """This run's certificate files when it uses TLS with files (appended to ``made`` for removal)."""
     if backend is None or not backend.tls_files or not backend.uses_tls(spec):
         return None
@@ -75,19 +83,28 @@ def _certificates(spec: ParallelSpec, backend: Backend | None, job_name: str, fo
     made.append(certs)
     if folder is not None:
         certs.create()
-    logger.info("scheduler and workers talk TLS; this run's certificate is in %s (removed when the run ends)",
-                certs.directory)
+    logger.info(
+        "scheduler and workers talk TLS; this run's certificate is in %s (removed when the run ends)", certs.directory
+    )
     return certs
 
 
 @contextlib.contextmanager
-def _opened(spec: ParallelSpec, backend: Backend | None, log_root: Path, logger, made: list,
-            worker_preload: tuple[str, ...], forkserver_preload: tuple[str, ...] = ()) -> Iterator[Any]:
+def _opened(
+    spec: ParallelSpec,
+    backend: Backend | None,
+    log_root: Path,
+    logger,
+    made: list,
+    worker_preload: tuple[str, ...],
+    forkserver_preload: tuple[str, ...] = (),
+) -> Iterator[Any]:
     if backend is None or not backend.batch:
         job_name = run_job_name(spec.options.get("job_name"), current_flow_run_id())
         certs = _certificates(spec, backend, job_name, None, made, logger)
-        context = ClusterContext(certificates=certs, worker_preload=worker_preload,
-                                 forkserver_preload=forkserver_preload)
+        context = ClusterContext(
+            certificates=certs, worker_preload=worker_preload, forkserver_preload=forkserver_preload
+        )
         with _dask_settings(backend, spec, context), _entered(build_task_runner(spec, context), logger) as runner:
             if backend is not None and backend.start_at_once:
                 _start(runner, backend)  # a remote start fails here, on one line with a hint
@@ -98,19 +115,40 @@ def _opened(spec: ParallelSpec, backend: Backend | None, log_root: Path, logger,
     folder = backend.certificate_folder(spec, ClusterContext(job_name=job_name, log_directory=str(log_dir)))
     certs = _certificates(spec, backend, job_name, folder, made, logger)
     submit_errors: list = []
-    runner = build_task_runner(spec, ClusterContext(job_name=job_name, log_directory=str(log_dir),
-                                                    submit_errors=submit_errors, certificates=certs,
-                                                    worker_preload=worker_preload))
+    runner = build_task_runner(
+        spec,
+        ClusterContext(
+            job_name=job_name,
+            log_directory=str(log_dir),
+            submit_errors=submit_errors,
+            certificates=certs,
+            worker_preload=worker_preload,
+        ),
+    )
     try:
         with _entered(runner, logger):
             started = time.monotonic()
             client = _start(runner, backend)
             processes = int(spec.options.get("processes") or 1)
             jobs = -(-spec.n_workers // processes)
-            logger.info("cluster up in %.1f s; asked %s for %d worker job(s) named %s; job logs in %s",
-                        time.monotonic() - started, spec.env, jobs, job_name, log_dir)
-            watcher = JobWatcher(backend, job_name, log_dir, client.cluster, logger, expected_jobs=jobs,
-                                 abort=client.close, submit_errors=submit_errors)
+            logger.info(
+                "cluster up in %.1f s; asked %s for %d worker job(s) named %s; job logs in %s",
+                time.monotonic() - started,
+                spec.env,
+                jobs,
+                job_name,
+                log_dir,
+            )
+            watcher = JobWatcher(
+                backend,
+                job_name,
+                log_dir,
+                client.cluster,
+                logger,
+                expected_jobs=jobs,
+                abort=client.close,
+                submit_errors=submit_errors,
+            )
             watcher.start()
             try:
                 yield runner
@@ -124,8 +162,10 @@ def _opened(spec: ParallelSpec, backend: Backend | None, log_root: Path, logger,
         if backend.queue is not None:
             left = backend.queue.cancel_run(tag_of(job_name))
             if left:
-                logger.warning("jobs of this run still listed after cancelling them: %s",
-                               ", ".join(f"{j.job_id} ({j.state})" for j in left))
+                logger.warning(
+                    "jobs of this run still listed after cancelling them: %s",
+                    ", ".join(f"{j.job_id} ({j.state})" for j in left),
+                )
 
 
 def cancel_jobs_hook(flow, flow_run, state) -> None:
@@ -145,8 +185,12 @@ def cancel_jobs_hook(flow, flow_run, state) -> None:
             log.warning("cancelling %s jobs of run %s failed: %s", backend.name, tag, one_line(exc))
             continue
         if left:
-            log.warning("%s jobs of run %s still listed after cancelling: %s", backend.name, tag,
-                        ", ".join(f"{j.job_id} ({j.state})" for j in left))
+            log.warning(
+                "%s jobs of run %s still listed after cancelling: %s",
+                backend.name,
+                tag,
+                ", ".join(f"{j.job_id} ({j.state})" for j in left),
+            )
 
 
 def _dask_settings(backend: Backend | None, spec: ParallelSpec, context: ClusterContext | None = None):
@@ -169,8 +213,9 @@ def _entered(runner, logger) -> Iterator[Any]:
         try:
             runner.__exit__(type(exc), exc, exc.__traceback__)
         except Exception as close_exc:
-            logger.warning("closing the cluster after the error failed too: %s: %s", type(close_exc).__name__,
-                           one_line(close_exc))
+            logger.warning(
+                "closing the cluster after the error failed too: %s: %s", type(close_exc).__name__, one_line(close_exc)
+            )
         raise
     runner.__exit__(None, None, None)
 
@@ -184,5 +229,7 @@ def _start(runner, backend: Backend):
     except Exception as exc:
         hint = backend.start_error_hint(exc)
         error = ConfigError if hint else Espnet3PrefectError
-        raise error(f"parallel.env {backend.name!r}: cannot start the cluster: {type(exc).__name__}: "
-                    f"{one_line(exc)[:800]}{hint}") from None
+        raise error(
+            f"parallel.env {backend.name!r}: cannot start the cluster: {type(exc).__name__}: "
+            f"{one_line(exc)[:800]}{hint}"
+        ) from None

@@ -12,10 +12,11 @@ semantics, so ``runner(indices)`` knows whether to run in this process or as a P
 >>> set_parallel(OmegaConf.create({"env": "local", "n_workers": 2}))
 >>> cfg = get_parallel_config(); (cfg.env, cfg.n_workers, cfg.options)
 ('local', 2, {})
->>> set_parallel({"env": "slrum"})
+>>> set_parallel({"env": "slrum"})  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-espnet3_prefect.errors.ConfigError: parallel.env: unknown backend 'slrum'; valid values: local, local_gpu, slurm, pbs, sge, lsf, htcondor, moab, oar, ssh, kube
+espnet3_prefect.errors.ConfigError: parallel.env: unknown backend 'slrum'; valid values: local, local_gpu, slurm, pbs,
+sge, lsf, htcondor, moab, oar, ssh, kube
 >>> _reset()
 """
 

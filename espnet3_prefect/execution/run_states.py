@@ -7,8 +7,7 @@ import logging
 log = logging.getLogger("espnet3_prefect")
 
 
-def mark_task_run_crashed(task_run_id, message: str, *, task=None, name: str | None = None,
-                          flow_run_id=None) -> None:
+def mark_task_run_crashed(task_run_id, message: str, *, task=None, name: str | None = None, flow_run_id=None) -> None:
     """Set a task run whose worker was killed to Crashed (prefect#12968).
 
     Left Running if its events were sent, or never recorded at all if the worker died before
@@ -24,8 +23,14 @@ def mark_task_run_crashed(task_run_id, message: str, *, task=None, name: str | N
             except Exception as exc:
                 if not _not_found(exc) or task is None or flow_run_id is None:
                     raise
-                client.create_task_run(task=task, flow_run_id=flow_run_id, dynamic_key=str(task_run_id),
-                                       id=task_run_id, name=name, state=Crashed(message=message))
+                client.create_task_run(
+                    task=task,
+                    flow_run_id=flow_run_id,
+                    dynamic_key=str(task_run_id),
+                    id=task_run_id,
+                    name=name,
+                    state=Crashed(message=message),
+                )
     except Exception as exc:  # reporting must not hide the shard's own failure
         log.warning("could not mark task run %s crashed: %s", task_run_id, exc)
 

@@ -18,8 +18,8 @@ import threading
 import uuid
 from pathlib import Path
 
-from espnet3_prefect.errors import ConfigError, one_line
 from espnet3_prefect._internal.util import as_list, put_on_pythonpath
+from espnet3_prefect.errors import ConfigError, one_line
 
 __all__ = ["as_list", "enter_workdir"]
 
@@ -68,5 +68,6 @@ def check_writable(out_dir: Path, min_free_mb: float = 0.0, key: str = "inferenc
         raise ConfigError(f"{key}: cannot write to {out_dir}: {exc.strerror or one_line(exc)}") from None
     free_mb = shutil.disk_usage(out_dir).free / 1e6
     if free_mb < min_free_mb:
-        raise ConfigError(f"{key}: only {free_mb:.0f} MB free on {out_dir}, runner.min_free_mb asks "
-                          f"for {min_free_mb:.0f} MB")
+        raise ConfigError(
+            f"{key}: only {free_mb:.0f} MB free on {out_dir}, runner.min_free_mb asks for {min_free_mb:.0f} MB"
+        )

@@ -3,24 +3,34 @@
 ``env`` picks the backend (:mod:`espnet3_prefect.execution.backends`), ``n_workers`` how many workers (or
 jobs) it starts, ``options`` go to its Dask cluster class. ``tls`` (default: on for batch schedulers
 and ssh, off for local) puts the scheduler and workers on TLS with per-run certificates
-(:mod:`espnet3_prefect.execution.backends.tls`). ``address`` connects to a running scheduler. Everything is checked before any cluster starts; optional backends are imported lazily.
+(:mod:`espnet3_prefect.execution.backends.tls`). ``address`` connects to a running scheduler.
+Everything is checked before any cluster starts; optional backends are imported lazily.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
+from espnet3_prefect._internal.util import is_int
+from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution import backends
 from espnet3_prefect.execution.backends.base import ClusterContext
-from espnet3_prefect.errors import ConfigError
-from espnet3_prefect._internal.util import is_int
 
 # lifetime_margin_s: batch-scheduler workers retire this long before their walltime (backends/walltime.py).
 # allow_overwrite_lock: ESPnet3's switch to replace a shard lock left by an interrupted run.
 # tls: scheduler <-> workers over TLS with per-run certificates (None: the env's default).
-TOP_LEVEL_KEYS = ("env", "n_workers", "options", "address", "num_shards", "lifetime_margin_s", "allow_overwrite_lock",
-                  "tls")
+TOP_LEVEL_KEYS = (
+    "env",
+    "n_workers",
+    "options",
+    "address",
+    "num_shards",
+    "lifetime_margin_s",
+    "allow_overwrite_lock",
+    "tls",
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,7 @@ class ParallelSpec:
     tls: bool | None = None
 
     @classmethod
-    def from_config(cls, block: Mapping[str, Any] | None) -> "ParallelSpec":
+    def from_config(cls, block: Mapping[str, Any] | None) -> ParallelSpec:
         """Validate a plain-dict ``parallel`` block; ``None`` means local with one worker."""
         block = dict(block or {})
         unknown = sorted(set(block) - set(TOP_LEVEL_KEYS))
@@ -53,10 +63,14 @@ class ParallelSpec:
                 raise ConfigError(f"parallel.address: {address!r} is not a scheduler address like tcp://host:8786")
             for key in ("env", "options", "lifetime_margin_s"):
                 if block.get(key) not in (None, {}, ""):
-                    raise ConfigError(f"parallel.{key}: conflicts with parallel.address (a running scheduler has its own workers)")
+                    raise ConfigError(
+                        f"parallel.{key}: conflicts with parallel.address (a running scheduler has its own workers)"
+                    )
             if block.get("tls") is not None:
-                raise ConfigError("parallel.tls: conflicts with parallel.address (we cannot make a running scheduler's "
-                                  "certificates; for a tls:// address put its files in Dask's config distributed.comm.tls.*)")
+                raise ConfigError(
+                    "parallel.tls: conflicts with parallel.address (we cannot make a running scheduler's "
+                    "certificates; for a tls:// address put its files in Dask's config distributed.comm.tls.*)"
+                )
             return cls(env="address", address=address, **_common(block))
         env = block.get("env", "local")
         backend = backends.get(env)  # an unknown env fails before anything else is read
@@ -75,9 +89,11 @@ class ParallelSpec:
 def _common(block: Mapping[str, Any]) -> dict[str, Any]:
     """The keys every kind of block has: n_workers, num_shards, allow_overwrite_lock."""
     num_shards = block.get("num_shards")
-    return {"n_workers": _positive_int("parallel.n_workers", block.get("n_workers", 1)),
-            "num_shards": None if num_shards is None else _positive_int("parallel.num_shards", num_shards),
-            "allow_overwrite_lock": _flag("parallel.allow_overwrite_lock", block.get("allow_overwrite_lock"))}
+    return {
+        "n_workers": _positive_int("parallel.n_workers", block.get("n_workers", 1)),
+        "num_shards": None if num_shards is None else _positive_int("parallel.num_shards", num_shards),
+        "allow_overwrite_lock": _flag("parallel.allow_overwrite_lock", block.get("allow_overwrite_lock")),
+    }
 
 
 def _positive_int(key: str, value: Any) -> int:
@@ -120,6 +136,8 @@ def build_task_runner(spec: ParallelSpec, context: ClusterContext | None = None)
     backend = backends.get(spec.env)
     backend.before_start(spec)
     cluster_class = backend.load_cluster_class()
-    return ShardTaskRunner(cluster_class=cluster_class,
-                           cluster_kwargs=backend.cluster_kwargs(spec, context or ClusterContext()),
-                           adapt_kwargs=backend.adapt_kwargs(spec))
+    return ShardTaskRunner(
+        cluster_class=cluster_class,
+        cluster_kwargs=backend.cluster_kwargs(spec, context or ClusterContext()),
+        adapt_kwargs=backend.adapt_kwargs(spec),
+    )

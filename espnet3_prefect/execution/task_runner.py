@@ -26,7 +26,8 @@ import asyncio
 import contextlib
 import threading
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prefect.context import SettingsContext, SyncClientContext
 from prefect_dask import DaskTaskRunner
@@ -166,8 +167,10 @@ def run_prefect_task(task, *, settings: Opaque, context: Opaque, **run_task_kwar
     with contextlib.ExitStack() as stack:
         if settings.value is not None:
             contexts = stack.enter_context(_worker_contexts(settings.value))
-            for var, value in ((SettingsContext.__var__, contexts.settings),
-                               (SyncClientContext.__var__, contexts.client)):
+            for var, value in (
+                (SettingsContext.__var__, contexts.settings),
+                (SyncClientContext.__var__, contexts.client),
+            ):
                 stack.callback(var.reset, var.set(value))
         if task.isasync:
             return asyncio.run(run_task_async(task=task, **run_task_kwargs))
@@ -234,17 +237,37 @@ class ShardTaskRunner(DaskTaskRunner):
         searched = _searched(parameters)
         parameters = {**parameters, **self._optimize_futures(searched)}
         wait_for = self._optimize_futures(wait_for) if wait_for else None
-        inputs = {k: collect_task_run_inputs_sync(v, future_cls=Future) if k in searched else set()
-                  for k, v in parameters.items()}
+        inputs = {
+            k: collect_task_run_inputs_sync(v, future_cls=Future) if k in searched else set()
+            for k, v in parameters.items()
+        }
         for name, extra in (dependencies or {}).items():
             inputs[name] = inputs.get(name, set()) | extra
         task_run_id = uuid.uuid4()
         with settings_shipped_apart() as settings:
-            context = serialize_context(asset_ctx_kwargs={
-                "task": task, "task_run_id": task_run_id, "task_inputs": inputs, "copy_to_child_ctx": True})
+            context = serialize_context(
+                asset_ctx_kwargs={
+                    "task": task,
+                    "task_run_id": task_run_id,
+                    "task_inputs": inputs,
+                    "copy_to_child_ctx": True,
+                }
+            )
         future = Client.submit(
-            self.client, run_prefect_task, task, key=f"{task.name}-{task_run_id.hex}", pure=False,
-            settings=Opaque(settings), task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
-            return_type="state", dependencies=inputs, context=Opaque(context))
-        future.task_run_id = task_run_id  # how Prefect finds upstream runs among Dask futures (asset lineage, task inputs)
+            self.client,
+            run_prefect_task,
+            task,
+            key=f"{task.name}-{task_run_id.hex}",
+            pure=False,
+            settings=Opaque(settings),
+            task_run_id=task_run_id,
+            parameters=parameters,
+            wait_for=wait_for,
+            return_type="state",
+            dependencies=inputs,
+            context=Opaque(context),
+        )
+        future.task_run_id = (
+            task_run_id  # how Prefect finds upstream runs among Dask futures (asset lineage, task inputs)
+        )
         return PrefectDaskFuture(wrapped_future=future, task_run_id=task_run_id)

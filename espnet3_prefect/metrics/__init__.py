@@ -35,14 +35,23 @@ from __future__ import annotations
 import copy
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Sequence
+from typing import Any, ClassVar
 
 from espnet3_prefect._internal.atomic import atomic_open
-from espnet3_prefect.metrics.base_metric import BaseMetric
 from espnet3_prefect.errors import BadInputError, MissingExtraError
-from espnet3_prefect.metrics.metric_contract import (DATASET_PREFIX, Field, MetricContractError, MetricDeclarationError, check_metric_batch,
-                              check_metric_contract, check_metric_inputs, check_metric_output)
+from espnet3_prefect.metrics.base_metric import BaseMetric
+from espnet3_prefect.metrics.metric_contract import (
+    DATASET_PREFIX,
+    Field,
+    MetricContractError,
+    MetricDeclarationError,
+    check_metric_batch,
+    check_metric_contract,
+    check_metric_inputs,
+    check_metric_output,
+)
 from espnet3_prefect.metrics.text_cleaner import TextCleaner, _espnet2_cleaner
 
 
@@ -119,7 +128,7 @@ class _ErrorRate(BaseMetric):
                 self._spool = tempfile.SpooledTemporaryFile(max_size=1 << 20, mode="w+", encoding="utf-8")
             self._spool.write(jiwer.visualize_alignment(out, show_measures=False))
 
-    def compute(self) -> Dict[str, float]:
+    def compute(self) -> dict[str, float]:
         n = self.hits + self.substitutions + self.deletions
         if n == 0:
             raise BadInputError(f"nothing to score: the references have no {self.unit}")
@@ -134,8 +143,10 @@ class _ErrorRate(BaseMetric):
             if self._spool is not None:
                 self._spool.seek(0)
                 shutil.copyfileobj(self._spool, out)
-            out.write(f"\n{self.result_key}: {rate:.2f} (hits={self.hits}, substitutions={self.substitutions}, "
-                      f"deletions={self.deletions}, insertions={self.insertions})\n")
+            out.write(
+                f"\n{self.result_key}: {rate:.2f} (hits={self.hits}, substitutions={self.substitutions}, "
+                f"deletions={self.deletions}, insertions={self.insertions})\n"
+            )
         self._close_spool()
 
     def __deepcopy__(self, memo):
@@ -177,6 +188,18 @@ class CER(_ErrorRate):
         return _jiwer().process_characters(refs, hyps)
 
 
-__all__ = ["BaseMetric", "CER", "DATASET_PREFIX", "Field", "MetricContractError", "MetricDeclarationError",
-           "TextCleaner", "WER", "check_metric_batch", "check_metric_contract", "check_metric_inputs",
-           "check_metric_output", "class_path"]
+__all__ = [
+    "BaseMetric",
+    "CER",
+    "DATASET_PREFIX",
+    "Field",
+    "MetricContractError",
+    "MetricDeclarationError",
+    "TextCleaner",
+    "WER",
+    "check_metric_batch",
+    "check_metric_contract",
+    "check_metric_inputs",
+    "check_metric_output",
+    "class_path",
+]

@@ -8,8 +8,9 @@ from __future__ import annotations
 import abc
 import copy
 import functools
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, ClassVar
 
 from espnet3_prefect.errors import BadInputError
 from espnet3_prefect.metrics.metric_contract import Field, check_metric_batch, check_metric_contract  # noqa: F401 - Field: examples
@@ -38,8 +39,8 @@ class BaseMetric(abc.ABC):
     {'n': 2}
     """
 
-    inputs: ClassVar[Tuple[Any, ...]]
-    outputs: ClassVar[Tuple[Any, ...]]
+    inputs: ClassVar[tuple[Any, ...]]
+    outputs: ClassVar[tuple[Any, ...]]
     #: rows per :meth:`update` call inside :meth:`__call__`
     chunk_size: ClassVar[int] = 1000
     #: True only while :meth:`__call__` runs with an ``output_dir``: ``update`` may keep text for
@@ -84,20 +85,25 @@ class BaseMetric(abc.ABC):
         for name, (default, _) in self.__dict__.get("_state_specs", {}).items():
             setattr(self, name, copy.deepcopy(default))
 
-    def state(self) -> Dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         """A deep copy of every registered state, by name."""
         return {name: copy.deepcopy(getattr(self, name)) for name in self.__dict__.get("_state_specs", {})}
 
-    def merge_states(self, states: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    def merge_states(self, states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Combine per-rank :meth:`state` dicts: ``sum`` states added, ``cat`` states concatenated in order."""
         specs = self.__dict__.get("_state_specs", {})
         if not states:
             return {name: copy.deepcopy(default) for name, (default, _) in specs.items()}
         for one in states:
             self._check_state_names(one)
-        return {name: (sum(one[name] for one in states) if reduce == "sum"
-                       else [x for one in states for x in copy.deepcopy(one[name])])
-                for name, (_, reduce) in specs.items()}
+        return {
+            name: (
+                sum(one[name] for one in states)
+                if reduce == "sum"
+                else [x for one in states for x in copy.deepcopy(one[name])]
+            )
+            for name, (_, reduce) in specs.items()
+        }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Set every registered state from ``state`` (exactly the registered names)."""
@@ -115,10 +121,10 @@ class BaseMetric(abc.ABC):
         """Add one batch (one list per declared input name, equal lengths) to the states."""
 
     @abc.abstractmethod
-    def compute(self) -> Dict[str, float]:
+    def compute(self) -> dict[str, float]:
         """The result (one number per declared output) from the states alone; no file is written."""
 
-    def __call__(self, data: Mapping[str, Any], test_name: str, output_dir: Any = None) -> Dict[str, float]:
+    def __call__(self, data: Mapping[str, Any], test_name: str, output_dir: Any = None) -> dict[str, float]:
         """Score one test set from its SCP files, ``chunk_size`` rows per :meth:`update`.
 
         With ``output_dir``, :meth:`write_artifacts` then gets ``output_dir / test_name``.
@@ -128,7 +134,7 @@ class BaseMetric(abc.ABC):
         try:
             names = [f.name for f in self.inputs if f.name in data]
             if names:
-                batch: Dict[str, List[str]] = {n: [] for n in names}
+                batch: dict[str, list[str]] = {n: [] for n in names}
                 for _, row in self.iter_inputs(data, *names):
                     for n in names:
                         batch[n].append(row[n])
@@ -146,10 +152,10 @@ class BaseMetric(abc.ABC):
         finally:
             self.collect_artifacts = False
 
-    def write_artifacts(self, test_dir: Path) -> None:
+    def write_artifacts(self, test_dir: Path) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Write files for one test set after :meth:`compute` (only with an ``output_dir``); no-op here."""
 
-    def iter_inputs(self, data: Mapping[str, Any], *keys: str) -> Iterator[Tuple[str, Dict[str, str]]]:
+    def iter_inputs(self, data: Mapping[str, Any], *keys: str) -> Iterator[tuple[str, dict[str, str]]]:
         """Yield ``(utt_id, {key: value})`` from several SCP files read in lockstep.
 
         Raises :class:`BadInputError` (one line, naming the files) when the files differ in
@@ -160,7 +166,7 @@ class BaseMetric(abc.ABC):
         handles = {}
         try:
             for key in keys:
-                handles[key] = open(data[key], "r", encoding="utf-8")
+                handles[key] = open(data[key], encoding="utf-8")
             streams = {key: self._iter_scp_file(handle) for key, handle in handles.items()}
             row_number = 0
             while True:
@@ -175,20 +181,24 @@ class BaseMetric(abc.ABC):
                 row_number += 1
                 if ended:
                     going = next(k for k in keys if k not in ended)
-                    raise BadInputError(f"{data[ended[0]]} ends after {row_number - 1} rows but {data[going]} goes on "
-                                        f"with {rows[going][0]!r}; inputs {', '.join(keys)} must list the same utt_ids")
+                    raise BadInputError(
+                        f"{data[ended[0]]} ends after {row_number - 1} rows but {data[going]} goes on "
+                        f"with {rows[going][0]!r}; inputs {', '.join(keys)} must list the same utt_ids"
+                    )
                 utt_id = rows[keys[0]][0]
                 for key in keys[1:]:
                     if rows[key][0] != utt_id:
-                        raise BadInputError(f"{data[key]} row {row_number}: utt_id {rows[key][0]!r} where "
-                                            f"{data[keys[0]]} has {utt_id!r}; inputs {', '.join(keys)} must list "
-                                            "the same utt_ids in the same order")
+                        raise BadInputError(
+                            f"{data[key]} row {row_number}: utt_id {rows[key][0]!r} where "
+                            f"{data[keys[0]]} has {utt_id!r}; inputs {', '.join(keys)} must list "
+                            "the same utt_ids in the same order"
+                        )
                 yield utt_id, {key: rows[key][1] for key in keys}
         finally:
             for handle in handles.values():
                 handle.close()
 
-    def _iter_scp_file(self, file_obj) -> Iterator[Tuple[str, str]]:
+    def _iter_scp_file(self, file_obj) -> Iterator[tuple[str, str]]:
         """``(utt_id, value)`` per non-blank line; the line and the value are stripped."""
         for line in file_obj:
             parts = line.strip().split(maxsplit=1)

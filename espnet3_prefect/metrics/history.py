@@ -10,15 +10,16 @@ from __future__ import annotations
 import base64
 import json
 import os
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from espnet3_prefect._internal.atomic import atomic_open, file_digest, fsync_dir
-from espnet3_prefect.config.load import fingerprint
 from espnet3_prefect._internal.png import COLOR_NAMES, line_chart
+from espnet3_prefect.config.load import fingerprint
 
 HISTORY_FILE = "evaluate_history.jsonl"
 PLOT_FILE = "evaluate_history.png"
@@ -52,9 +53,15 @@ def model_identity(cfg: DictConfig) -> dict:
             path = Path(value).expanduser()
             if len(value) < 4096 and path.is_file():
                 stat = path.stat()
-                files.append({"key": key, "path": str(path.resolve()), "bytes": stat.st_size,
-                              "mtime": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat(timespec="seconds"),
-                              "sha256": file_digest(path)["sha256"]})
+                files.append(
+                    {
+                        "key": key,
+                        "path": str(path.resolve()),
+                        "bytes": stat.st_size,
+                        "mtime": datetime.fromtimestamp(stat.st_mtime, UTC).isoformat(timespec="seconds"),
+                        "sha256": file_digest(path)["sha256"],
+                    }
+                )
     if files:
         ident = fingerprint({"files": [[f["path"], f["sha256"]] for f in files]})[:16]
         return {"kind": "files", "id": ident, "files": files}
@@ -65,8 +72,10 @@ def model_identity(cfg: DictConfig) -> dict:
 
 def describe_model(identity: dict) -> str:
     if identity["kind"] == "files":
-        parts = [f"{Path(f['path']).name} ({f['bytes']} B, mtime {f['mtime']}, sha256 {f['sha256'][:12]})"
-                 for f in identity["files"]]
+        parts = [
+            f"{Path(f['path']).name} ({f['bytes']} B, mtime {f['mtime']}, sha256 {f['sha256'][:12]})"
+            for f in identity["files"]
+        ]
         return f"files {', '.join(parts)} -> id {identity['id']}"
     return f"model config fingerprint {identity['id']} (no model file named in the config)"
 
@@ -99,7 +108,7 @@ def append_history(path: Path, record: dict) -> None:
 
 
 def now_utc() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def series_keys(records: list[dict]) -> list[tuple[str, str]]:
@@ -132,17 +141,28 @@ def trend_markdown(records: list[dict], plot: Path | None, status: str, limit: i
     recent = records[-limit:]
     keys = series_keys(recent)
     current = records[-1]
-    lines = [f"# evaluate: {current['inference_dir']}", "", f"**This run:** {status}", "",
-             f"- model: {describe_model(current['model'])}",
-             f"- config fingerprint: `{current['config_fingerprint'][:16]}`",
-             f"- infer: {current['shards_run']} shard(s) run, {current['shards_cached']} from cache", "",
-             f"## Trend (last {len(recent)} of {len(records)} runs, newest last)", ""]
+    lines = [
+        f"# evaluate: {current['inference_dir']}",
+        "",
+        f"**This run:** {status}",
+        "",
+        f"- model: {describe_model(current['model'])}",
+        f"- config fingerprint: `{current['config_fingerprint'][:16]}`",
+        f"- infer: {current['shards_run']} shard(s) run, {current['shards_cached']} from cache",
+        "",
+        f"## Trend (last {len(recent)} of {len(records)} runs, newest last)",
+        "",
+    ]
     head = ["run (UTC)", "model", "config", "from cache"] + [f"{label} {test}" for label, test in keys]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     previous: dict = {}
     for record in recent:
-        cells = [record["run_time"], f"`{record['model']['id'][:8]}`", f"`{record['config_fingerprint'][:8]}`",
-                 "yes" if record.get("answered_from_cache") else "no"]
+        cells = [
+            record["run_time"],
+            f"`{record['model']['id'][:8]}`",
+            f"`{record['config_fingerprint'][:8]}`",
+            "yes" if record.get("answered_from_cache") else "no",
+        ]
         for label, test in keys:
             value = record.get("headline", {}).get(label, {}).get(test)
             before = previous.get((label, test))
@@ -155,7 +175,9 @@ def trend_markdown(records: list[dict], plot: Path | None, status: str, limit: i
                 previous[(label, test)] = value
         lines.append("| " + " | ".join(cells) + " |")
     if plot is not None and plot.is_file():
-        legend = ", ".join(f"{COLOR_NAMES[i % len(COLOR_NAMES)]}: {label} {test}" for i, (label, test) in enumerate(keys))
+        legend = ", ".join(
+            f"{COLOR_NAMES[i % len(COLOR_NAMES)]}: {label} {test}" for i, (label, test) in enumerate(keys)
+        )
         encoded = base64.b64encode(plot.read_bytes()).decode()
         lines += ["", f"Plot `{plot}` ({legend}):", "", f"![score trend](data:image/png;base64,{encoded})"]
     return "\n".join(lines) + "\n"

@@ -6,8 +6,9 @@ of ``compute``. Moved out of ``metrics.py``, which re-exports the public names.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any
 
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
 
@@ -61,8 +62,10 @@ def check_metric_contract(metric: Any) -> None:
     """
     name = type(metric).__qualname__
     if not (hasattr(metric, "inputs") or hasattr(metric, "outputs")):
-        raise MetricDeclarationError(f"{name} declares no inputs/outputs; declare them as tuples of Field "
-                                     "(class attributes, or on self before super().__init__())")
+        raise MetricDeclarationError(
+            f"{name} declares no inputs/outputs; declare them as tuples of Field "
+            "(class attributes, or on self before super().__init__())"
+        )
     for attr in ("inputs", "outputs"):
         fields = getattr(metric, attr, None)
         if not isinstance(fields, tuple) or not all(hasattr(f, "name") and hasattr(f, "kind") for f in fields):
@@ -85,7 +88,7 @@ def check_metric_contract(metric: Any) -> None:
             raise MetricDeclarationError(f"{name}.outputs field {f.name!r} must have kind 'number', not {f.kind!r}")
 
 
-def check_metric_inputs(metric: Any, inputs: Any, where: str = "inputs") -> Optional[Dict[str, str]]:
+def check_metric_inputs(metric: Any, inputs: Any, where: str = "inputs") -> dict[str, str] | None:
     """The ``inputs:`` binding as ``{declared name: source}``; ``None`` when nothing is declared.
 
     ``inputs`` is a mapping name -> source, or a list of names that are their own sources. Every
@@ -103,8 +106,10 @@ def check_metric_inputs(metric: Any, inputs: Any, where: str = "inputs") -> Opti
         required = [f.name for f in fields if not getattr(f, "optional", False)]
     cls = type(metric).__name__
     if inputs is None:
-        raise ConfigError(f"{where}: missing; {cls} declares inputs {', '.join(declared)}: bind each to an SCP "
-                          f"stem or dataset:<column>, e.g. {{ref: dataset:text, hyp: text}}")
+        raise ConfigError(
+            f"{where}: missing; {cls} declares inputs {', '.join(declared)}: bind each to an SCP "
+            f"stem or dataset:<column>, e.g. {{ref: dataset:text, hyp: text}}"
+        )
     if isinstance(inputs, Mapping):
         bindings = {str(k): v for k, v in inputs.items()}
     elif isinstance(inputs, (list, tuple)):
@@ -144,8 +149,10 @@ def check_metric_output(metric: Any, result: Mapping[str, Any]) -> None:
         raise MetricContractError(f"{cls} declares outputs {names} but returned {sorted(result)}; missing {missing}")
     for n in names:
         if not _is_number(result[n]):
-            raise MetricContractError(f"{cls}.outputs field {n!r} must be number: returned as "
-                                      f"{type(result[n]).__name__}, must be a real number")
+            raise MetricContractError(
+                f"{cls}.outputs field {n!r} must be number: returned as "
+                f"{type(result[n]).__name__}, must be a real number"
+            )
 
 
 def _accepts(kind: str, value: Any) -> bool:
@@ -182,10 +189,12 @@ def check_metric_batch(metric: Any, values: Mapping[str, Any]) -> None:
         first, *rest = given
         for key in rest:
             if len(given[key]) != len(given[first]):
-                raise MetricContractError(f"{cls} input {key!r} has {len(given[key])} items, "
-                                          f"{first!r} has {len(given[first])}")
+                raise MetricContractError(
+                    f"{cls} input {key!r} has {len(given[key])} items, {first!r} has {len(given[first])}"
+                )
     for key, value in given.items():
         for i, elem in enumerate(value):
             if not _accepts(fields[key].kind, elem):
-                raise MetricContractError(f"{cls} input {key!r}[{i}] is {type(elem).__name__}, "
-                                          f"must be {fields[key].kind}")
+                raise MetricContractError(
+                    f"{cls} input {key!r}[{i}] is {type(elem).__name__}, must be {fields[key].kind}"
+                )

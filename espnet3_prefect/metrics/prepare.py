@@ -30,13 +30,13 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from espnet3_prefect.config.load import fingerprint, load_config
 from espnet3_prefect.config.keys import METRICS_KEYS, check_top_level_keys
-from espnet3_prefect.metrics.dataset_columns import _materializer, provider_class, source_path
-from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.metrics.metric_contract import DATASET_PREFIX, check_metric_contract, check_metric_inputs
-from espnet3_prefect.metrics import class_path
+from espnet3_prefect.config.load import fingerprint, load_config
 from espnet3_prefect.config.targets import _espnet3_installed, instantiate, locate, resolve_target
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.metrics import class_path
+from espnet3_prefect.metrics.dataset_columns import _materializer, provider_class, source_path
+from espnet3_prefect.metrics.metric_contract import DATASET_PREFIX, check_metric_contract, check_metric_inputs
 
 METRICS_FILE = "metrics.json"
 ENTRY_KEYS = ("metric", "inputs")
@@ -58,7 +58,7 @@ class MetricSpec:
         return {name: source_path(inference_dir, test_set, src) for name, src in self.bindings.items()}
 
     def columns(self) -> list[str]:
-        return [s[len(DATASET_PREFIX):] for s in self.bindings.values() if s.startswith(DATASET_PREFIX)]
+        return [s[len(DATASET_PREFIX) :] for s in self.bindings.values() if s.startswith(DATASET_PREFIX)]
 
 
 @dataclass
@@ -92,12 +92,15 @@ def metrics_json(results: dict) -> str:
 
 # -- loading ---------------------------------------------------------------------------------------
 
+
 def load_any(source: Any, overrides: Any = (), what: str = "config") -> DictConfig:
     """A config from file paths (merged left to right, then ``key=value`` overrides) or a mapping."""
     overrides = [overrides] if isinstance(overrides, str) else list(overrides or [])
     if isinstance(source, (dict, DictConfig)):
         if overrides:
-            raise ConfigError(f"{what}: key=value overrides need config files, not a mapping; apply them to the mapping")
+            raise ConfigError(
+                f"{what}: key=value overrides need config files, not a mapping; apply them to the mapping"
+            )
         cfg = OmegaConf.create(OmegaConf.to_container(source) if isinstance(source, DictConfig) else source)
         OmegaConf.resolve(cfg)
         return cfg
@@ -116,9 +119,10 @@ def load_inference_config(source: Any, overrides: Any = ()) -> DictConfig | None
 
 # -- validation ------------------------------------------------------------------------------------
 
+
 def _check_source(source: str, where: str) -> None:
     if source.startswith(DATASET_PREFIX):
-        column = source[len(DATASET_PREFIX):]
+        column = source[len(DATASET_PREFIX) :]
         if not column or "/" in column or "\\" in column or column.startswith(".") or column != column.strip():
             raise ConfigError(f"{where}: {source!r} must name one column, like dataset:text")
         return
@@ -133,7 +137,9 @@ def _legacy_bindings(raw: Any, metric: Any, block: DictConfig, where: str) -> di
         ref = block.get("ref_key", getattr(metric, "ref_key", None))
         hyp = block.get("hyp_key", getattr(metric, "hyp_key", None))
         if not ref or not hyp:
-            raise ConfigError(f"{where}.inputs: missing; bind the metric's inputs, e.g. {{ref: dataset:text, hyp: text}}")
+            raise ConfigError(
+                f"{where}.inputs: missing; bind the metric's inputs, e.g. {{ref: dataset:text, hyp: text}}"
+            )
         raw = [ref, hyp]
     if isinstance(raw, str):
         raw = [raw]
@@ -159,9 +165,11 @@ def _legacy_bindings(raw: Any, metric: Any, block: DictConfig, where: str) -> di
 
 def _instantiate_metric(block: DictConfig, target: str, where: str) -> Any:
     if target == TER_TARGET and not _espnet3_installed():
-        raise ConfigError(f"{where}.metric._target_: {TER_TARGET} needs espnet3 installed (pip install "
-                          "espnet==202611 sentencepiece): it tokenizes with espnet2's SentencepiecesTokenizer; "
-                          "WER and CER run without it")
+        raise ConfigError(
+            f"{where}.metric._target_: {TER_TARGET} needs espnet3 installed (pip install "
+            "espnet==202611 sentencepiece): it tokenizes with espnet2's SentencepiecesTokenizer; "
+            "WER and CER run without it"
+        )
     cls = locate(target, f"{where}.metric._target_")
     check = getattr(cls, "check_clean_types", None)
     if callable(check) and "clean_types" in block:
@@ -195,8 +203,9 @@ def _metric_specs(cfg: DictConfig) -> list[MetricSpec]:
         target = str(block._target_)
         metric = _instantiate_metric(block, target, where)
         if not callable(metric):
-            raise ConfigError(f"{where}.metric._target_: {target!r} is not callable as metric(data, test_name, "
-                              "inference_dir)")
+            raise ConfigError(
+                f"{where}.metric._target_: {target!r} is not callable as metric(data, test_name, inference_dir)"
+            )
         raw = entry.get("inputs")
         raw = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, (DictConfig, ListConfig)) else raw
         declared = hasattr(metric, "inputs") or hasattr(metric, "outputs")
@@ -215,8 +224,10 @@ def _metric_specs(cfg: DictConfig) -> list[MetricSpec]:
         key = target if resolve_target(target) != target else class_path(metric)
         clash = next((s for s in specs if s.key == key), None)
         if clash is not None:
-            raise ConfigError(f"{where}.metric._target_: {key!r} is also metrics[{clash.index}]; metrics.json "
-                              "keys results by class, so list each class once")
+            raise ConfigError(
+                f"{where}.metric._target_: {key!r} is also metrics[{clash.index}]; metrics.json "
+                "keys results by class, so list each class once"
+            )
         specs.append(MetricSpec(i, key, type(metric).__name__, metric, bindings, declared))
     return specs
 
@@ -239,12 +250,15 @@ def _test_sets(cfg: DictConfig, inference_dir: Path, check_inputs: bool) -> list
         return []
     names = sorted(p.name for p in inference_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not names:
-        raise ConfigError(f"inference_dir: {inference_dir} has no test set folders; run infer first or list dataset.test")
+        raise ConfigError(
+            f"inference_dir: {inference_dir} has no test set folders; run infer first or list dataset.test"
+        )
     return names
 
 
-def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = None,
-                    check_inputs: bool = True) -> MetricsPlan:
+def prepare_metrics(
+    cfg: DictConfig, *, inference_config: DictConfig | None = None, check_inputs: bool = True
+) -> MetricsPlan:
     """Validate a metrics config; with ``check_inputs``, every SCP input must exist.
 
     ``check_inputs=False`` validates all that does not depend on infer's outputs (``evaluate``, before infer runs).
@@ -254,8 +268,10 @@ def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = No
     if not raw_dir and inference_config is not None:
         raw_dir = inference_config.get("inference_dir")
     if not raw_dir:
-        raise ConfigError("inference_dir: missing; set the folder infer wrote its <test_set>/*.scp into "
-                          "(or pass the inference config)")
+        raise ConfigError(
+            "inference_dir: missing; set the folder infer wrote its <test_set>/*.scp into "
+            "(or pass the inference config)"
+        )
     inference_dir = Path(str(raw_dir)).expanduser().resolve()
     specs = _metric_specs(cfg)
     artifacts = cfg.get("dataset_artifacts") or {}
@@ -277,9 +293,11 @@ def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = No
                 continue
             written = check_inputs and all(source_path(inference_dir, t, source).is_file() for t in test_sets)
             if not written:  # a column written by an earlier run is reused without the config
-                raise ConfigError(f"metrics[{spec.index}].inputs.{name}: {source!r} needs the inference config "
-                                  "(the test set definition): pass --inference-config (flow parameter "
-                                  "inference_config)")
+                raise ConfigError(
+                    f"metrics[{spec.index}].inputs.{name}: {source!r} needs the inference config "
+                    "(the test set definition): pass --inference-config (flow parameter "
+                    "inference_config)"
+                )
     if check_inputs:
         for test_set in test_sets:
             for spec in specs:
@@ -287,13 +305,23 @@ def prepare_metrics(cfg: DictConfig, *, inference_config: DictConfig | None = No
                     path = source_path(inference_dir, test_set, source)
                     if source.startswith(DATASET_PREFIX) or path.is_file():
                         continue
-                    hint = (f"; name the stem {source[:-4]!r}, '.scp' is added" if source.endswith(".scp")
-                            and path.with_name(source).is_file() else f"; run infer for {test_set!r} first or fix it")
+                    hint = (
+                        f"; name the stem {source[:-4]!r}, '.scp' is added"
+                        if source.endswith(".scp") and path.with_name(source).is_file()
+                        else f"; run infer for {test_set!r} first or fix it"
+                    )
                     raise ConfigError(f"metrics[{spec.index}].inputs.{name}: {path} not found{hint}")
     data = OmegaConf.to_container(cfg, resolve=True)
     data.pop("inference_dir", None)
     return MetricsPlan(inference_dir, test_sets, specs, fingerprint(data), inference_config, artifacts)
 
 
-__all__ = ["METRICS_FILE", "MetricSpec", "MetricsPlan", "load_any", "load_inference_config", "metrics_json",
-           "prepare_metrics"]
+__all__ = [
+    "METRICS_FILE",
+    "MetricSpec",
+    "MetricsPlan",
+    "load_any",
+    "load_inference_config",
+    "metrics_json",
+    "prepare_metrics",
+]

@@ -8,7 +8,8 @@ recorded results without starting a server or a flow run. Anything else runs the
 (e.g. a folder upstream scored), another config or metric code, an input rewritten by a new ``infer``,
 an edited ``metrics.json``. ``dataset:`` inputs (e.g. the reference ``dataset:text``) are read from the
 dataset through the inference config: they are vouched for by infer's own completeness check (the
-dataset of the same size and fingerprint as at infer's last merge, :func:`espnet3_prefect.pipeline.resume.all_complete`),
+dataset of the same size and fingerprint as at infer's last merge,
+:func:`espnet3_prefect.pipeline.resume.all_complete`),
 whose merge records join the record; without the inference config such metrics always run.
 
 >>> import tempfile
@@ -30,8 +31,8 @@ from pathlib import Path
 
 from espnet3_prefect._internal.atomic import atomic_write_text, file_digest
 from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.metrics.prepare import MetricSpec, MetricsPlan, metrics_json  # noqa: F401 - MetricSpec: the example above
 from espnet3_prefect.pipeline.layout import METRICS_RECORD_NAME
-from espnet3_prefect.metrics.prepare import MetricSpec, MetricsPlan, metrics_json  # MetricSpec: for the example above
 from espnet3_prefect.pipeline.resume import all_complete
 from espnet3_prefect.pipeline.sizing import code_identity
 from espnet3_prefect.pipeline.stage import build_stages
@@ -81,9 +82,14 @@ def _expected(plan: MetricsPlan) -> dict | None:
                 if not path.is_file():
                     return None
                 inputs[path.relative_to(plan.inference_dir).as_posix()] = file_digest(path)["sha256"]
-    return {"version": RECORD_VERSION, "config": plan.fingerprint, "test_sets": list(plan.test_sets),
-            "code": code_identity(*dict.fromkeys(type(spec.metric) for spec in plan.metrics)),
-            "inputs": dict(sorted(inputs.items())), "inference": inference}
+    return {
+        "version": RECORD_VERSION,
+        "config": plan.fingerprint,
+        "test_sets": list(plan.test_sets),
+        "code": code_identity(*dict.fromkeys(type(spec.metric) for spec in plan.metrics)),
+        "inputs": dict(sorted(inputs.items())),
+        "inference": inference,
+    }
 
 
 def _inference_records(plan: MetricsPlan) -> dict | None:

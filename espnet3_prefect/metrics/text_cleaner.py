@@ -6,16 +6,22 @@ importable, else the cleaners we can run (moved out of ``metrics.py``, which re-
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from espnet3_prefect.errors import ConfigError
-
 
 # -- text cleaning (espnet2's TextCleaner names) ----------------------------------------------------
 
 _KOREAN_DIGITS = dict(zip("0123456789", "영일이삼사오육칠팔구"))
-_KOREAN_LETTERS = dict(zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ",
-                           "에이 비 씨 디 이 에프 지 에이치 아이 제이 케이 엘 엠 엔 오 피 큐 알 에스 티 유 브이 더블유 엑스 와이 지".split()))
+_KOREAN_LETTERS = dict(
+    zip(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+        (
+            "에이 비 씨 디 이 에프 지 에이치 아이 제이 케이 엘 엠 엔 오 피 큐 알 에스 티 유 브이 더블유 엑스 와이 지"
+        ).split(),
+    )
+)
 _ASCII_LOWER = re.compile("[a-z]+")
 
 
@@ -110,8 +116,10 @@ class TextCleaner:
                     raise ConfigError(f"clean_types: {n!r} {step} (or espnet2)")
                 steps.append(step)
             else:
-                raise ConfigError(f"clean_types: {n!r} is not supported; espnet2's TextCleaner knows tacotron, "
-                                  "jaconv, vietnamese, korean_cleaner, whisper_en, whisper_basic")
+                raise ConfigError(
+                    f"clean_types: {n!r} is not supported; espnet2's TextCleaner knows tacotron, "
+                    "jaconv, vietnamese, korean_cleaner, whisper_en, whisper_basic"
+                )
         return steps
 
     def __call__(self, text: str) -> str:

@@ -64,8 +64,9 @@ class Executor(Protocol):
         """Free the env (and its model) wherever it was built."""
 
 
-def drive_stage(stage: Stage, executor: Executor, *, shards: list[Shard] | None = None,
-                sizing: Sizing | None = None) -> tuple[StageSummary, Any]:
+def drive_stage(
+    stage: Stage, executor: Executor, *, shards: list[Shard] | None = None, sizing: Sizing | None = None
+) -> tuple[StageSummary, Any]:
     """Run one stage; returns its summary and what the runner's ``merge`` returned.
 
     ``shards``: the plan, when it is known without the dataset (a runner job's index list); without it
@@ -84,8 +85,12 @@ def drive_stage(stage: Stage, executor: Executor, *, shards: list[Shard] | None 
         lengths = sizing.lengths if sizing is not None else None
         shards = plan_for(stage, built["n_items"], lengths)
         if lengths is not None:
-            log.info("%s: %d shards balanced on the dataset's lengths() (total %.6g)", stage.test_set, len(shards),
-                     float(lengths.sum()))
+            log.info(
+                "%s: %d shards balanced on the dataset's lengths() (total %.6g)",
+                stage.test_set,
+                len(shards),
+                float(lengths.sum()),
+            )
     n_items = sum(s.n_items for s in shards)
     redo = _prepare_folder(stage, shards, log, remove_merged_outputs=executor.records_merge)
     outcome = ShardOutcome.all_cached(len(shards))
@@ -100,13 +105,22 @@ def drive_stage(stage: Stage, executor: Executor, *, shards: list[Shard] | None 
     if built is not None:
         executor.forget_env(stage)
     items_run = sum(s.n_items for s in shards if redo.get(s.index)) if executor.records_merge else None
-    summary = StageSummary.of(stage.test_set, shards, n_items, outcome, seconds=time.perf_counter() - started,
-                              outputs=outputs, workers=(built or {}).get("workers", 0), items_run=items_run)
+    summary = StageSummary.of(
+        stage.test_set,
+        shards,
+        n_items,
+        outcome,
+        seconds=time.perf_counter() - started,
+        outputs=outputs,
+        workers=(built or {}).get("workers", 0),
+        items_run=items_run,
+    )
     return summary, merged
 
 
-def _prepare_folder(stage: Stage, shards: list[Shard], log: logging.Logger | Any, *,
-                    remove_merged_outputs: bool) -> dict[int, bool]:
+def _prepare_folder(
+    stage: Stage, shards: list[Shard], log: logging.Logger | Any, *, remove_merged_outputs: bool
+) -> dict[int, bool]:
     """The stage's folder made to match the plan: shard folders beyond it removed, the manifest written,
     and ``{shard index: must run}`` from the done markers; the recorded merged outputs of a stage that
     runs again are removed (they no longer match its shards)."""
@@ -115,8 +129,9 @@ def _prepare_folder(stage: Stage, shards: list[Shard], log: logging.Logger | Any
     if removed:
         log.info("%s: removed shard folders beyond the plan: %s", stage.test_set, ", ".join(removed[:10]))
     layout.root.mkdir(parents=True, exist_ok=True)
-    write_manifest(layout.manifest, str(getattr(stage.runner, "output_dir", layout.output_dir)), layout.shard_subdir,
-                   shards)
+    write_manifest(
+        layout.manifest, str(getattr(stage.runner, "output_dir", layout.output_dir)), layout.shard_subdir, shards
+    )
     redo = shards_to_redo(stage, shards, log.info)
     if remove_merged_outputs and any(redo.values()):
         stale = remove_merged(layout)

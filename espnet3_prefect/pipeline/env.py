@@ -14,8 +14,9 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -39,8 +40,10 @@ class EnvBuilder:
     def __call__(self) -> dict[str, Any]:
         env = self.setup_fn()
         if not isinstance(env, dict):
-            raise ConfigError(f"{self.provider_name}.build_worker_setup_fn(): the setup function must return a "
-                              f"dict, got {type(env).__name__}")
+            raise ConfigError(
+                f"{self.provider_name}.build_worker_setup_fn(): the setup function must return a "
+                f"dict, got {type(env).__name__}"
+            )
         env = dict(env)
         env.setdefault("output_dir", self.output_dir)
         if self.shard_subdir:

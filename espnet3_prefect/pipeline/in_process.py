@@ -6,7 +6,8 @@ the flow ``run-runner``, so either one resumes the other's shards.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.merge import merge_stage
@@ -46,9 +47,16 @@ class InProcessExecutor:
             if not redo[shard.index]:
                 outcome.cached += 1
                 continue
-            result = process_shard(work.runner_cls, shard, self.env, stage.layout, on_error=work.on_error,
-                                   idx_key=work.idx_key, prefetch=work.prefetch,
-                                   marker={"fingerprint": work.fingerprint, "identity": work.identity})
+            result = process_shard(
+                work.runner_cls,
+                shard,
+                self.env,
+                stage.layout,
+                on_error=work.on_error,
+                idx_key=work.idx_key,
+                prefetch=work.prefetch,
+                marker={"fingerprint": work.fingerprint, "identity": work.identity},
+            )
             outcome.run += 1
             outcome.failed += result["failed"]
         return outcome

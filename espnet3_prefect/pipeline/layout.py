@@ -52,7 +52,7 @@ def shard_index(name: str) -> int | None:
     """``N`` for a folder named ``split.N``, else None."""
     if not name.startswith(SPLIT_PREFIX):
         return None
-    tail = name[len(SPLIT_PREFIX):]
+    tail = name[len(SPLIT_PREFIX) :]
     return int(tail) if tail.isdigit() else None
 
 
@@ -61,7 +61,7 @@ def shards_root(output_dir: str | Path, shard_subdir: str = "") -> Path:
     return root / shard_subdir if shard_subdir else root
 
 
-def shard_dir_path(output_dir: str | Path, shard_subdir: str, index: int) -> "ShardPath":
+def shard_dir_path(output_dir: str | Path, shard_subdir: str, index: int) -> ShardPath:
     """``output_dir/[shard_subdir]/split.N`` (what upstream's hooks see as ``shard_dir``)."""
     return ShardPath(shards_root(output_dir, shard_subdir) / shard_name(index))
 

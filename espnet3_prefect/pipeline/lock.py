@@ -64,8 +64,13 @@ def acquire(folder: Path, flow_run_id: str | None = None) -> RunLock:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     token = uuid.uuid4().hex
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "flow_run_id": flow_run_id,
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": token}
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "flow_run_id": flow_run_id,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "token": token,
+    }
     stale = None
     for _ in range(3):
         try:
@@ -92,7 +97,8 @@ def _take_over_if_stale(path: Path, folder: Path) -> dict | None:
     if not _holder_gone(holder, age_s):
         raise LockedError(
             f"{folder} is in use by pid {holder.get('pid')} on host {holder.get('host')} "
-            f"(flow run {holder.get('flow_run_id')}, since {holder.get('started')}); wait for it or stop it")
+            f"(flow run {holder.get('flow_run_id')}, since {holder.get('started')}); wait for it or stop it"
+        )
     aside = path.with_name(f"{LOCK_NAME}.stale-{uuid.uuid4().hex[:8]}")
     try:
         os.replace(path, aside)  # only one of several recovering runs wins this rename
@@ -117,6 +123,7 @@ def _heartbeat(path: Path) -> threading.Event:
 
 
 # -- split.N/lock: held while one shard runs, as ESPnet3 202611 does ------------------------------
+
 
 def take_shard_lock(path: Path, flow_run_id: str | None, allow_overwrite: bool = False) -> str | None:
     """Create ``split.N/lock`` exclusively (pid on the first line, as upstream writes it).
@@ -151,17 +158,20 @@ def _shard_lock_takeover(path: Path, flow_run_id: str | None, allow_overwrite: b
     except OSError:
         return "lock released meanwhile"
     pid = lines[0].strip() if lines else "?"
-    host, _, run = (lines[1].partition(" ") if len(lines) > 1 else ("?", "", "-"))
+    host, _, run = lines[1].partition(" ") if len(lines) > 1 else ("?", "", "-")
     if flow_run_id and run == flow_run_id:
         return "held by this run's earlier attempt (its worker died)"
     if host == socket.gethostname() and _pid_gone(pid):
         return f"its holder (pid {pid}) is gone"
     if allow_overwrite:
         return f"parallel.allow_overwrite_lock is set (holder: pid {pid} on {host})"
-    who = f"pid {pid} on {host}" + (f", flow run {run}" if run and run != "-" else
-                                    " (no host recorded: upstream ESPnet3?)" if host == "?" else "")
-    raise LockedError(f"{path.parent}: locked by {who}; another run is writing this shard. If it is gone, "
-                      f"set parallel.allow_overwrite_lock: true (or delete {path})")
+    who = f"pid {pid} on {host}" + (
+        f", flow run {run}" if run and run != "-" else " (no host recorded: upstream ESPnet3?)" if host == "?" else ""
+    )
+    raise LockedError(
+        f"{path.parent}: locked by {who}; another run is writing this shard. If it is gone, "
+        f"set parallel.allow_overwrite_lock: true (or delete {path})"
+    )
 
 
 def _pid_gone(pid: str) -> bool:

@@ -83,8 +83,10 @@ def check_marker(shard_dir: Path, expect: dict) -> str | None:
     if record.get("version") != MARKER_VERSION:
         return f"{shard_dir.name}: marker version {record.get('version')} is not {MARKER_VERSION}"
     if (record.get("start"), record.get("stop")) != (expect["start"], expect["stop"]):
-        return (f"{shard_dir.name}: covered items [{record.get('start')}, {record.get('stop')}), "
-                f"the plan now wants [{expect['start']}, {expect['stop']})")
+        return (
+            f"{shard_dir.name}: covered items [{record.get('start')}, {record.get('stop')}), "
+            f"the plan now wants [{expect['start']}, {expect['stop']})"
+        )
     if record.get("fingerprint") != expect["fingerprint"]:
         changed = diff_keys(record.get("identity") or {}, expect.get("identity") or {})
         what = ", ".join(changed[:5]) if changed else "the config"

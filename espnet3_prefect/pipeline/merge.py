@@ -13,8 +13,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from espnet3_prefect._internal.atomic import atomic_open, atomic_write_text, file_digest
 from espnet3_prefect.errors import Espnet3PrefectError
@@ -82,8 +83,11 @@ def written_since(folder: Path, before: dict[str, tuple[int, int]]) -> list[Path
 
 def write_merged_record(layout: StageLayout, record: dict, outputs: list[Path]) -> dict:
     """Record a finished merge: its outputs (by name) with their checksums."""
-    full = {**record, "outputs": {p.relative_to(layout.output_dir).as_posix(): str(p) for p in outputs},
-            "digests": {p.relative_to(layout.output_dir).as_posix(): file_digest(p) for p in outputs}}
+    full = {
+        **record,
+        "outputs": {p.relative_to(layout.output_dir).as_posix(): str(p) for p in outputs},
+        "digests": {p.relative_to(layout.output_dir).as_posix(): file_digest(p) for p in outputs},
+    }
     atomic_write_text(layout.merged_record, json.dumps(full, sort_keys=True))
     return full
 
@@ -119,8 +123,9 @@ def remove_merged(layout: StageLayout) -> list[str]:
     return removed
 
 
-def ready_to_merge(stage, shards: list, n_items: int, log_warning: Callable[..., Any],
-                   what: str | None = None) -> tuple[list[Path], int]:
+def ready_to_merge(
+    stage, shards: list, n_items: int, log_warning: Callable[..., Any], what: str | None = None
+) -> tuple[list[Path], int]:
     """The shard folders to merge, in plan order, and the count of skipped items; fails when a shard
     is not done or too many items were skipped (``failures.jsonl`` gathered first)."""
     what = what or f"test set {stage.test_set!r}"
@@ -132,12 +137,14 @@ def ready_to_merge(stage, shards: list, n_items: int, log_warning: Callable[...,
     failed = skipped_items(dirs)
     _gather_failures(layout, dirs)
     if failed:
-        log_warning("%s: %d of %d items failed and were skipped; listed in %s", stage.test_set, failed, n_items,
-                    layout.failures)
+        log_warning(
+            "%s: %d of %d items failed and were skipped; listed in %s", stage.test_set, failed, n_items, layout.failures
+        )
     if n_items and failed / n_items > stage.max_failed_ratio:
         raise Espnet3PrefectError(
             f"{what}: {failed} of {n_items} items failed ({100 * failed / n_items:.1f}%), above "
-            f"runner.max_failed_ratio {stage.max_failed_ratio}; see {layout.failures}")
+            f"runner.max_failed_ratio {stage.max_failed_ratio}; see {layout.failures}"
+        )
     return dirs, failed
 
 
@@ -155,8 +162,9 @@ def _gather_failures(layout: StageLayout, dirs: list[Path]) -> None:
         layout.failures.unlink(missing_ok=True)
 
 
-def merge_stage(stage, shards: list, n_items: int, *, record: bool, log: Any,
-                what: str | None = None) -> tuple[Any, dict[str, str]]:
+def merge_stage(
+    stage, shards: list, n_items: int, *, record: bool, log: Any, what: str | None = None
+) -> tuple[Any, dict[str, str]]:
     """Merge ``shards`` (in plan order) with ``stage.runner.merge`` on this process; returns what that
     ``merge`` returned and the merged outputs by name. ``record``: write the commit record of a finished
     test set (``.merged.json``: the outputs the merge wrote, with checksums), as the infer stage does;
@@ -171,9 +179,22 @@ def merge_stage(stage, shards: list, n_items: int, *, record: bool, log: Any,
     before = snapshot(layout.output_dir)
     result = stage.runner.merge(dirs)
     outputs = written_since(layout.output_dir, before)
-    written = write_merged_record(layout, {
-        "fingerprint": stage.work.fingerprint, "identity_fingerprint": stage.identity_fingerprint,
-        "n_items": n_items, "num_shards": len(dirs), "failed": failed}, outputs)
-    log.info("merged %d shards into %s in %.2f s: %s", len(dirs), layout.output_dir,
-             time.perf_counter() - started, ", ".join(written["outputs"]) or "no files")
+    written = write_merged_record(
+        layout,
+        {
+            "fingerprint": stage.work.fingerprint,
+            "identity_fingerprint": stage.identity_fingerprint,
+            "n_items": n_items,
+            "num_shards": len(dirs),
+            "failed": failed,
+        },
+        outputs,
+    )
+    log.info(
+        "merged %d shards into %s in %.2f s: %s",
+        len(dirs),
+        layout.output_dir,
+        time.perf_counter() - started,
+        ", ".join(written["outputs"]) or "no files",
+    )
     return result, {**written["outputs"], **({"failures": str(layout.failures)} if failed else {})}

@@ -19,9 +19,10 @@ The plan is persisted in upstream's ``manifest.json`` schema (:func:`write_manif
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Iterator, Sequence, Union
+from typing import IO
 
 from espnet3_prefect._internal.atomic import atomic_open
 
@@ -31,7 +32,7 @@ DEFAULT_MIN_SHARDS = 32
 MAX_ITEMS_PER_SHARD = 5000
 MANIFEST_VERSION = 1
 
-Unit = Union[int, list]
+Unit = int | list
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Shard:
             yield from items
             return
         for first in range(0, len(items), self.batch_size):
-            yield list(items[first:first + self.batch_size])
+            yield list(items[first : first + self.batch_size])
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,8 +86,14 @@ def default_num_shards(n_items: int, n_workers: int, batch_size: int | None = No
     return max(1, min(n_units(n_items, batch_size), wanted))
 
 
-def plan_shards(test_set: str, n_items: int, num_shards: int, batch_size: int | None = None,
-                indices=None, lengths: Sequence[float] | None = None) -> list[Shard]:
+def plan_shards(
+    test_set: str,
+    n_items: int,
+    num_shards: int,
+    batch_size: int | None = None,
+    indices=None,
+    lengths: Sequence[float] | None = None,
+) -> list[Shard]:
     """Split the units of ``range(n_items)`` (or of the explicit ``indices`` list, positions
     ``0..n_items``) into ``num_shards`` contiguous runs; boundaries fall on batch boundaries.
 
@@ -170,8 +177,10 @@ def write_manifest(path: Path, output_dir: str, shard_subdir: str, shards: list[
     ``json.dump(data, f, ensure_ascii=False, indent=2)`` writes for the same plan.
     """
     with atomic_open(path, "w") as out:
-        out.write('{\n  "version": %d,\n  "output_dir": %s,\n  "shard_subdir": %s,\n  "shards": ['
-                  % (MANIFEST_VERSION, _dumps(output_dir), _dumps(shard_subdir)))
+        out.write(
+            f'{{\n  "version": {MANIFEST_VERSION},\n  "output_dir": {_dumps(output_dir)},\n'
+            f'  "shard_subdir": {_dumps(shard_subdir)},\n  "shards": ['
+        )
         for position, shard in enumerate(shards):
             out.write(",\n    {\n" if position else "\n    {\n")
             out.write(f'      "shard_id": {shard.index},\n      "items": ')

@@ -30,12 +30,13 @@ import numbers
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 #: units (batches, or items when batch_size is null) read ahead of the one forward works on
 DEFAULT_PREFETCH = 2
 
-_ACTIVE: dict[int, "Prefetcher"] = {}  # id(view) -> its prefetcher, while its shard runs
+_ACTIVE: dict[int, Prefetcher] = {}  # id(view) -> its prefetcher, while its shard runs
 _VIEW_TYPES: dict[type, type | None] = {}
 _VIEW_TYPES_LOCK = threading.Lock()
 
@@ -54,8 +55,7 @@ def check_prefetch(value: Any, key: str = "runner.prefetch") -> int:
         return 0
     if isinstance(value, int) and value >= 0:
         return value
-    raise ConfigError(f"{key}: must be an integer >= 0 (batches read ahead of forward; 0 or false: off), "
-                      f"got {value!r}")
+    raise ConfigError(f"{key}: must be an integer >= 0 (batches read ahead of forward; 0 or false: off), got {value!r}")
 
 
 class Timing:
@@ -76,8 +76,13 @@ class Timing:
         self.prefetch = 0
 
     def to_dict(self) -> dict:
-        return {"load_s": None if self.load_s is None else round(self.load_s, 4), "wait_s": round(self.wait_s, 4),
-                "forward_s": round(self.forward_s, 4), "write_s": round(self.write_s, 4), "prefetch": self.prefetch}
+        return {
+            "load_s": None if self.load_s is None else round(self.load_s, 4),
+            "wait_s": round(self.wait_s, 4),
+            "forward_s": round(self.forward_s, 4),
+            "write_s": round(self.write_s, 4),
+            "prefetch": self.prefetch,
+        }
 
 
 def view_type(cls: type) -> type | None:
@@ -105,8 +110,13 @@ def _make_view_type(cls: type) -> type | None:
             return cls.__getitem__(self, key)
         return prefetcher.get(key)
 
-    namespace = {"__getitem__": __getitem__, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                 "__doc__": cls.__doc__, "_e3p_prefetch_view": True}
+    namespace = {
+        "__getitem__": __getitem__,
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__,
+        "_e3p_prefetch_view": True,
+    }
     try:
         return type(cls)(cls.__name__, (cls,), namespace)
     except Exception:  # noqa: BLE001 - a class that refuses subclasses is read without prefetch
@@ -144,8 +154,7 @@ class Prefetcher:
     and :meth:`close` at the end, also after an error. ``view`` is what ``forward`` gets as ``dataset``.
     """
 
-    def __init__(self, dataset: Any, units: list, depth: int, view: Any,
-                 warn: Callable[[str], Any] | None = None):
+    def __init__(self, dataset: Any, units: list, depth: int, view: Any, warn: Callable[[str], Any] | None = None):
         self.dataset, self.units, self.depth, self.view = dataset, units, depth, view
         self.warn = warn
         self._lock = threading.Lock()  # one dataset read at a time, whichever thread
@@ -222,8 +231,10 @@ class Prefetcher:
             if ok:
                 return value
             again = self.read_in_place(key)  # raises what an unprefetched read raises
-            self._turn_off(f"dataset[{key!r}] failed in the prefetch thread ({type(value).__name__}: {value}) "
-                           f"but not when read again in the shard's own thread")
+            self._turn_off(
+                f"dataset[{key!r}] failed in the prefetch thread ({type(value).__name__}: {value}) "
+                f"but not when read again in the shard's own thread"
+            )
             return again
         return self.read_in_place(key)
 
@@ -250,8 +261,10 @@ class Prefetcher:
         self._off = True
         self._stop.set()
         if self.warn:
-            self.warn(f"prefetch turned off for the rest of this shard: {why}; set runner.prefetch: 0 "
-                      f"if the dataset must be read from one thread")
+            self.warn(
+                f"prefetch turned off for the rest of this shard: {why}; set runner.prefetch: 0 "
+                f"if the dataset must be read from one thread"
+            )
 
     def close(self) -> None:
         """Stop the thread and wait for it (at most the read it is in); forget the view."""

@@ -8,7 +8,6 @@ import sys
 import time
 from typing import Any, TextIO
 
-
 #: the least time between two updates of the progress artifact (the UI's progress bar) before the end
 ARTIFACT_EVERY_S = 5.0
 
@@ -16,8 +15,16 @@ ARTIFACT_EVERY_S = 5.0
 class Progress:
     """Counts finished shards; draws a bar on a terminal and updates a Prefect progress artifact."""
 
-    def __init__(self, label: str, total_shards: int, total_items: int, *, stream: TextIO | None = None,
-                 artifact: bool = True, kind: str = "infer"):
+    def __init__(
+        self,
+        label: str,
+        total_shards: int,
+        total_items: int,
+        *,
+        stream: TextIO | None = None,
+        artifact: bool = True,
+        kind: str = "infer",
+    ):
         self.label, self.total_shards, self.total_items = label, total_shards, total_items
         self.shards = self.items = 0
         self.stream = stream if stream is not None else sys.stderr
@@ -30,7 +37,8 @@ class Progress:
             from prefect.artifacts import create_progress_artifact
 
             self._artifact_id = create_progress_artifact(
-                progress=0.0, description=f"{kind} {label}: shards done of {total_shards}")
+                progress=0.0, description=f"{kind} {label}: shards done of {total_shards}"
+            )
         self._draw()
 
     def advance(self, items: int) -> None:
@@ -56,8 +64,10 @@ class Progress:
         pct = int(100 * self.shards / max(1, self.total_shards))
         elapsed = time.perf_counter() - self.started
         rate = self.items / elapsed if elapsed > 0 else 0.0
-        text = (f"{self.label}: {self.shards}/{self.total_shards} shards, {self.items}/{self.total_items} items, "
-                f"{rate:.0f} items/s")
+        text = (
+            f"{self.label}: {self.shards}/{self.total_shards} shards, {self.items}/{self.total_items} items, "
+            f"{rate:.0f} items/s"
+        )
         if self.tty:
             filled = pct * 30 // 100
             self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {pct:3d}% {text}")
@@ -104,8 +114,11 @@ def drop_task_completions(record) -> bool:
     """
     if os.environ.get(VERBOSE_ENV):
         return True
-    return not (record.name.startswith("prefect.task_runs") and record.levelno == logging.INFO
-                and str(record.msg).startswith("Finished in state "))
+    return not (
+        record.name.startswith("prefect.task_runs")
+        and record.levelno == logging.INFO
+        and str(record.msg).startswith("Finished in state ")
+    )
 
 
 def quiet_console() -> None:
@@ -121,8 +134,7 @@ TIMING_KEYS = ("load_s", "wait_s", "forward_s", "write_s")
 
 def empty_timing() -> dict[str, Any]:
     """Where a test set's shard time went, summed over the shards run (none yet)."""
-    return {"load_s": None, "wait_s": 0.0, "forward_s": 0.0, "write_s": 0.0, "busy_s": 0.0, "wall_s": 0.0,
-            "shards": 0}
+    return {"load_s": None, "wait_s": 0.0, "forward_s": 0.0, "write_s": 0.0, "busy_s": 0.0, "wall_s": 0.0, "shards": 0}
 
 
 def add_timing(total: dict[str, Any], shard_summary: dict[str, Any]) -> dict[str, Any]:
@@ -180,19 +192,25 @@ def summary_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         seconds = s["seconds"]
         timing = s.get("timing") or {}
         load = timing.get("load_s")
-        rows.append({
-            "test_set": s["test_set"], "shards": s["shards"], "shards_run": s["shards_run"],
-            "shards_cached": s["shards_cached"], "items": s["items"], "failed": s.get("failed", 0),
-            "seconds": round(seconds, 2),
-            # the rate of the work done: items of the shards that ran (cached shards cost nothing)
-            "items_per_s": _rate(s.get("items_run", s["items"] if s["shards_run"] else 0), seconds),
-            "load_s": None if load is None else round(load, 2),
-            "wait_s": round(timing.get("wait_s") or 0.0, 2),
-            "forward_s": round(timing.get("forward_s") or 0.0, 2),
-            "write_s": round(timing.get("write_s") or 0.0, 2),
-            "utilisation": utilisation(timing, s.get("workers") or 0),
-            "bound": bound_by(timing),
-        })
+        rows.append(
+            {
+                "test_set": s["test_set"],
+                "shards": s["shards"],
+                "shards_run": s["shards_run"],
+                "shards_cached": s["shards_cached"],
+                "items": s["items"],
+                "failed": s.get("failed", 0),
+                "seconds": round(seconds, 2),
+                # the rate of the work done: items of the shards that ran (cached shards cost nothing)
+                "items_per_s": _rate(s.get("items_run", s["items"] if s["shards_run"] else 0), seconds),
+                "load_s": None if load is None else round(load, 2),
+                "wait_s": round(timing.get("wait_s") or 0.0, 2),
+                "forward_s": round(timing.get("forward_s") or 0.0, 2),
+                "write_s": round(timing.get("write_s") or 0.0, 2),
+                "utilisation": utilisation(timing, s.get("workers") or 0),
+                "bound": bound_by(timing),
+            }
+        )
     return rows
 
 
@@ -209,10 +227,13 @@ def publish_summary(summaries: list[dict[str, Any]]) -> None:
     """The summary as a Prefect table artifact on the current flow run."""
     from prefect.artifacts import create_table_artifact
 
-    create_table_artifact(table=summary_rows(summaries), key="infer-summary",
-                          description="infer: per test set shards, items, seconds, items/s; time in shards "
-                                      "(s, summed over workers): loading items, waiting for them, forward, "
-                                      "writing; worker utilisation; what bounds the run")
+    create_table_artifact(
+        table=summary_rows(summaries),
+        key="infer-summary",
+        description="infer: per test set shards, items, seconds, items/s; time in shards "
+        "(s, summed over workers): loading items, waiting for them, forward, "
+        "writing; worker utilisation; what bounds the run",
+    )
 
 
 def timing_line(row: dict[str, Any]) -> str:
@@ -238,9 +259,11 @@ def format_summary(summaries: list[dict[str, Any]]) -> str:
     lines = []
     for row, s in zip(summary_rows(summaries), summaries):
         failed = f", {row['failed']} failed (skipped)" if row["failed"] else ""
-        lines.append(f"{row['test_set']}: {row['items']} items, {row['shards_run']} shards run, "
-                     f"{row['shards_cached']} cached{failed}, {row['seconds']} s"
-                     + (f" ({row['items_per_s']} items/s)" if row["items_per_s"] is not None else ""))
+        lines.append(
+            f"{row['test_set']}: {row['items']} items, {row['shards_run']} shards run, "
+            f"{row['shards_cached']} cached{failed}, {row['seconds']} s"
+            + (f" ({row['items_per_s']} items/s)" if row["items_per_s"] is not None else "")
+        )
         timing = timing_line(row)
         if timing:
             lines.append(f"    {timing}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.marker import check_marker
@@ -29,7 +29,9 @@ def shards_to_redo(stage: Stage, shards: list[Shard], log: Callable[[str], None]
         return {s.index: True for s in shards}
     redo, reasons = {}, []
     for shard in shards:
-        reason = check_marker(stage.layout.shard_dir(shard.index), stage.work.marker_expectation(shard.start, shard.stop))
+        reason = check_marker(
+            stage.layout.shard_dir(shard.index), stage.work.marker_expectation(shard.start, shard.stop)
+        )
         redo[shard.index] = reason is not None
         if reason is not None and "no done marker" not in reason:
             reasons.append(reason)
@@ -76,15 +78,23 @@ def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[StageSummary 
     if len(shards) != record.get("num_shards"):
         return None, "the shard plan changed"
     for shard in shards:
-        reason = check_marker(stage.layout.shard_dir(shard.index), stage.work.marker_expectation(shard.start, shard.stop))
+        reason = check_marker(
+            stage.layout.shard_dir(shard.index), stage.work.marker_expectation(shard.start, shard.stop)
+        )
         if reason is not None:
             return None, reason
     reason = merged_outputs_intact(stage.layout, record)
     if reason is not None:
         return None, reason
     outcome = ShardOutcome(cached=len(shards), failed=record.get("failed", 0))
-    return StageSummary.of(stage.test_set, shards, n_items, outcome, seconds=time.perf_counter() - started,
-                           outputs=record.get("outputs", {})), ""
+    return StageSummary.of(
+        stage.test_set,
+        shards,
+        n_items,
+        outcome,
+        seconds=time.perf_counter() - started,
+        outputs=record.get("outputs", {}),
+    ), ""
 
 
 def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:

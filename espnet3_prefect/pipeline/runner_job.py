@@ -10,9 +10,10 @@ kernel over indices") is: build a provider and a runner, register the ``parallel
   the ``DaskTaskRunner`` built from the block: the env built once per worker, retries, done markers,
   resume, the merge on the driver, progress and summary artifacts.
 
-:func:`espnet3_prefect.run` (in :mod:`espnet3_prefect.entry`) does the second for any runner instance: ours, a subclass of the real ``espnet3`` classes
-(whose own ``__call__`` would take upstream's Dask path), or a plain class with the hooks; inside a
-running flow it is a subflow. Everything is checked before a server or a cluster starts.
+:func:`espnet3_prefect.run` (in :mod:`espnet3_prefect.entry`) does the second for any runner instance:
+ours, a subclass of the real ``espnet3`` classes (whose own ``__call__`` would take upstream's Dask
+path), or a plain class with the hooks; inside a running flow it is a subflow. Everything is checked
+before a server or a cluster starts.
 
 >>> import tempfile
 >>> from espnet3_prefect import BaseRunner
@@ -31,22 +32,22 @@ import hashlib
 import operator
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from espnet3_prefect.config.load import fingerprint, identity_config
-from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.pipeline.layout import RunnerLayout
-from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.execution.process_parallel import plain_parallel
-from espnet3_prefect.pipeline.plan import Shard, default_num_shards, plan_shards
 from espnet3_prefect.config.runner_keys import _runner_control, check_batch_size, runner_folder_options
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.execution.process_parallel import plain_parallel
+from espnet3_prefect.execution.spec import ParallelSpec
+from espnet3_prefect.pipeline.env import EnvBuilder
+from espnet3_prefect.pipeline.layout import RunnerLayout
+from espnet3_prefect.pipeline.plan import Shard, default_num_shards, plan_shards
 from espnet3_prefect.pipeline.sizing import code_identity
 from espnet3_prefect.pipeline.stage import Stage, StageWork, _worker_setup
-from espnet3_prefect.pipeline.env import EnvBuilder
 
 
 class RunnerJob:
@@ -58,8 +59,7 @@ class RunnerJob:
 
     __slots__ = ("runner", "stage", "shards", "spec", "n_items", "name", "summary")
 
-    def __init__(self, runner: Any, stage: Stage, shards: list[Shard], spec: ParallelSpec, n_items: int,
-                 summary: dict):
+    def __init__(self, runner: Any, stage: Stage, shards: list[Shard], spec: ParallelSpec, n_items: int, summary: dict):
         self.runner, self.stage, self.shards, self.spec = runner, stage, shards, spec
         self.n_items, self.name, self.summary = n_items, type(runner).__qualname__, summary
 
@@ -68,8 +68,12 @@ class RunnerJob:
         does) plus ``output_dir`` / ``shard_subdir``; a runner without a provider gets an empty env."""
         provider = getattr(self.runner, "provider", None)
         setup = _empty_env if provider is None else _worker_setup(provider)
-        return EnvBuilder(setup, str(self.runner.output_dir), self.stage.layout.shard_subdir,
-                          type(provider).__qualname__ if provider is not None else "provider")
+        return EnvBuilder(
+            setup,
+            str(self.runner.output_dir),
+            self.stage.layout.shard_subdir,
+            type(provider).__qualname__ if provider is not None else "provider",
+        )
 
     # a mapping of the summary, for Prefect's parameter encoder
     def keys(self):
@@ -104,15 +108,38 @@ def prepare_job(runner: Any, indices: Iterable[int], parallel: Any, control: dic
     count = spec.num_shards or default_num_shards(len(indices), spec.n_workers, batch_size)
     explicit = None if indices == list(range(len(indices))) else indices
     shards = plan_shards(name, len(indices), count, batch_size, indices=explicit)
-    work = StageWork(test_set=name, layout=layout, runner_cls=cls, env_key=f"{name}-{digest[:12]}",
-                     fingerprint=digest, identity=identity, batch_size=batch_size, on_error=control["on_error"],
-                     idx_key=str(getattr(runner, "idx_key", None) or "utt_id"),
-                     allow_overwrite_lock=spec.allow_overwrite_lock, prefetch=control["prefetch"])
-    stage = Stage(work=work, runner=runner, builder=None, resume=resume, num_shards=spec.num_shards,
-                  n_workers=spec.n_workers, **{k: v for k, v in control.items() if k not in ("on_error", "prefetch")})
-    summary = {"runner": f"{cls.__module__}.{name}", "items": len(indices), "shards": len(shards),
-               "batch_size": batch_size, "output_dir": str(runner.output_dir), "shard_subdir": shard_subdir,
-               "resume": resume, "parallel": plain_parallel(parallel)}
+    work = StageWork(
+        test_set=name,
+        layout=layout,
+        runner_cls=cls,
+        env_key=f"{name}-{digest[:12]}",
+        fingerprint=digest,
+        identity=identity,
+        batch_size=batch_size,
+        on_error=control["on_error"],
+        idx_key=str(getattr(runner, "idx_key", None) or "utt_id"),
+        allow_overwrite_lock=spec.allow_overwrite_lock,
+        prefetch=control["prefetch"],
+    )
+    stage = Stage(
+        work=work,
+        runner=runner,
+        builder=None,
+        resume=resume,
+        num_shards=spec.num_shards,
+        n_workers=spec.n_workers,
+        **{k: v for k, v in control.items() if k not in ("on_error", "prefetch")},
+    )
+    summary = {
+        "runner": f"{cls.__module__}.{name}",
+        "items": len(indices),
+        "shards": len(shards),
+        "batch_size": batch_size,
+        "output_dir": str(runner.output_dir),
+        "shard_subdir": shard_subdir,
+        "resume": resume,
+        "parallel": plain_parallel(parallel),
+    }
     return RunnerJob(runner, stage, shards, spec, len(indices), summary)
 
 
@@ -142,7 +169,9 @@ def check_indices(indices: Iterable[int], name: str = "runner") -> list[int]:
                 raise TypeError
             out[position] = operator.index(value)  # ints, numpy ints
         except TypeError:
-            raise ConfigError(f"{name}: indices[{position}] is {value!r} ({type(value).__name__}), not an int") from None
+            raise ConfigError(
+                f"{name}: indices[{position}] is {value!r} ({type(value).__name__}), not an int"
+            ) from None
     return out
 
 
@@ -152,9 +181,12 @@ def runner_fingerprint(runner: Any, indices: list[int], batch_size: int | None) 
     the index list. The same for the local path and the flow, so either resumes the other's shards."""
     provider = getattr(runner, "provider", None)
     sha = hashlib.sha256(",".join(map(str, indices)).encode())
-    identity = {"code": code_identity(type(runner), type(provider) if provider is not None else None),
-                "config": _provider_config(provider), "batch_size": batch_size,
-                "indices": {"count": len(indices), "sha256": sha.hexdigest()}}
+    identity = {
+        "code": code_identity(type(runner), type(provider) if provider is not None else None),
+        "config": _provider_config(provider),
+        "batch_size": batch_size,
+        "indices": {"count": len(indices), "sha256": sha.hexdigest()},
+    }
     return fingerprint(identity), identity
 
 

@@ -21,22 +21,33 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from espnet3_prefect.espnet3.envcall import _accepts, call_hook, call_with_env
 from espnet3_prefect.errors import ConfigError, ItemError, describe, is_retryable
-from espnet3_prefect.pipeline.layout import SHARD_LOCK_NAME, FAILURES_NAME, StageLayout
+from espnet3_prefect.espnet3.envcall import _accepts, call_hook, call_with_env
+from espnet3_prefect.pipeline.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
 from espnet3_prefect.pipeline.marker import remove_marker, write_marker
 from espnet3_prefect.pipeline.plan import Shard, Unit
 from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH, Prefetcher, Timing, make_view
 
 
-def process_shard(runner_cls: type, shard: Shard, env: dict, layout: StageLayout, *, on_error: str = "fail",
-              idx_key: str = "utt_id", marker: dict | None = None, flow_run_id: str | None = None,
-              allow_overwrite_lock: bool = False, log: Callable[[str], Any] | None = None,
-              prefetch: int = DEFAULT_PREFETCH) -> dict:
+def process_shard(
+    runner_cls: type,
+    shard: Shard,
+    env: dict,
+    layout: StageLayout,
+    *,
+    on_error: str = "fail",
+    idx_key: str = "utt_id",
+    marker: dict | None = None,
+    flow_run_id: str | None = None,
+    allow_overwrite_lock: bool = False,
+    log: Callable[[str], Any] | None = None,
+    prefetch: int = DEFAULT_PREFETCH,
+) -> dict:
     """Run ``shard`` into ``layout.shard_dir(shard.index)`` and mark it done; return a small summary.
 
     ``marker`` is what the done marker records besides the range and checksums (fingerprint, ...).
@@ -52,16 +63,34 @@ def process_shard(runner_cls: type, shard: Shard, env: dict, layout: StageLayout
     try:
         remove_marker(shard_dir)
         _clear(shard_dir)
-        failures = drive(runner_cls, shard.units(), env, shard.index, on_error=on_error, idx_key=idx_key,
-                         prefetch=prefetch, timing=timing, log=log)
+        failures = drive(
+            runner_cls,
+            shard.units(),
+            env,
+            shard.index,
+            on_error=on_error,
+            idx_key=idx_key,
+            prefetch=prefetch,
+            timing=timing,
+            log=log,
+        )
         committing = time.perf_counter()
         if failures:
-            (shard_dir / FAILURES_NAME).write_text("".join(json.dumps(f, sort_keys=True) + "\n" for f in failures),
-                                                   encoding="utf-8")
+            (shard_dir / FAILURES_NAME).write_text(
+                "".join(json.dumps(f, sort_keys=True) + "\n" for f in failures), encoding="utf-8"
+            )
         seconds = round(time.perf_counter() - started, 4)
-        record = {**(marker or {}), "test_set": shard.test_set, "index": shard.index, "start": shard.start,
-                  "stop": shard.stop, "items": shard.n_items, "failed": len(failures), "seconds": seconds,
-                  "host": socket.gethostname()}
+        record = {
+            **(marker or {}),
+            "test_set": shard.test_set,
+            "index": shard.index,
+            "start": shard.start,
+            "stop": shard.stop,
+            "items": shard.n_items,
+            "failed": len(failures),
+            "seconds": seconds,
+            "host": socket.gethostname(),
+        }
         timing.write_s += time.perf_counter() - committing
         marking = time.perf_counter()
         write_marker(shard_dir, {**record, "timing": timing.to_dict()})
@@ -69,9 +98,16 @@ def process_shard(runner_cls: type, shard: Shard, env: dict, layout: StageLayout
     finally:
         release_shard_lock(layout.shard_lock(shard.index))
     seconds = round(time.perf_counter() - started, 4)
-    return {**shard.to_dict(), "items": shard.n_items, "failed": len(failures), "seconds": seconds,
-            "host": socket.gethostname(), "pid": os.getpid(), "job_id": _batch_job_id(),
-            "timing": timing.to_dict()}
+    return {
+        **shard.to_dict(),
+        "items": shard.n_items,
+        "failed": len(failures),
+        "seconds": seconds,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "job_id": _batch_job_id(),
+        "timing": timing.to_dict(),
+    }
 
 
 def _clear(shard_dir: Path) -> None:
@@ -93,9 +129,18 @@ def _batch_job_id() -> str | None:
     return None
 
 
-def drive(runner_cls: type, units: Iterable[Unit], env: dict, shard_id: int, *, on_error: str = "fail",
-          idx_key: str = "utt_id", prefetch: int = DEFAULT_PREFETCH, timing: Timing | None = None,
-          log: Callable[[str], Any] | None = None) -> list[dict]:
+def drive(
+    runner_cls: type,
+    units: Iterable[Unit],
+    env: dict,
+    shard_id: int,
+    *,
+    on_error: str = "fail",
+    idx_key: str = "utt_id",
+    prefetch: int = DEFAULT_PREFETCH,
+    timing: Timing | None = None,
+    log: Callable[[str], Any] | None = None,
+) -> list[dict]:
     """``init_state`` -> ``forward`` + ``reduce_state`` per unit -> ``finalize_state``.
 
     With ``prefetch`` > 0 and a dataset that can have a view (:mod:`espnet3_prefect.pipeline.prefetch`),
@@ -143,8 +188,9 @@ def drive(runner_cls: type, units: Iterable[Unit], env: dict, shard_id: int, *, 
     return failures
 
 
-def _prefetcher(forward: Callable, env: dict, units: list, depth: int,
-                log: Callable[[str], Any] | None) -> Prefetcher | None:
+def _prefetcher(
+    forward: Callable, env: dict, units: list, depth: int, log: Callable[[str], Any] | None
+) -> Prefetcher | None:
     """A prefetcher when it is on, ``forward`` takes ``dataset`` and the env's dataset can have a view."""
     if depth <= 0 or len(units) < 2 or "dataset" not in env:
         return None
@@ -184,8 +230,16 @@ class _Hooks:
         rest = {k: v for k, v in env.items() if k not in ("output_dir", "shard_subdir")}
         shard_dir = StageLayout(Path(env["output_dir"]), env.get("shard_subdir", "")).shard_dir(shard_id)
         shard_dir.mkdir(parents=True, exist_ok=True)
-        writers = _optional_hook(self.cls, "open_writers", {}, shard_dir, env=rest, shard_id=shard_id,
-                                 output_dir=env["output_dir"], shard_subdir=env.get("shard_subdir", ""))
+        writers = _optional_hook(
+            self.cls,
+            "open_writers",
+            {},
+            shard_dir,
+            env=rest,
+            shard_id=shard_id,
+            output_dir=env["output_dir"],
+            shard_subdir=env.get("shard_subdir", ""),
+        )
         return {"shard_id": shard_id, "shard_dir": str(shard_dir), "_writers": writers, "records": []}
 
     def reduce(self, state: dict, result: Any, shard_id: int, env: dict) -> dict:
@@ -228,8 +282,9 @@ def _close_quietly(writers: Any) -> None:
                     pass
 
 
-def _forward(forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str,
-             label_env: dict | None = None) -> list:
+def _forward(
+    forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str, label_env: dict | None = None
+) -> list:
     """``[result]`` for one unit; under ``on_error: skip`` a failing batch is retried item by item
     (as one-item batches, the shape ``forward`` expects) and failing items are left out.
     ``label_env``: where error messages read the utterance ids (default ``env``)."""
@@ -240,8 +295,9 @@ def _forward(forward: Callable, unit: Unit, env: dict, on_error: str, failures: 
         raise
     except Exception as exc:
         if on_error != "skip":
-            raise ItemError(f"{unit_label(unit, label_env, idx_key)}: {describe(exc)}",
-                            retryable=is_retryable(exc)) from exc
+            raise ItemError(
+                f"{unit_label(unit, label_env, idx_key)}: {describe(exc)}", retryable=is_retryable(exc)
+            ) from exc
         if isinstance(unit, list) and len(unit) > 1:
             return [r for i in unit for r in _forward(forward, [i], env, on_error, failures, idx_key, label_env)]
         index = unit[0] if isinstance(unit, list) else unit

@@ -32,7 +32,7 @@ class Sizing:
     lengths_id: str | None = None
 
 
-def size_on_driver(stage: "Stage") -> Sizing | None:
+def size_on_driver(stage: Stage) -> Sizing | None:
     """``provider.build_dataset(config)`` on the driver, as ESPnet3's ``infer()`` does before it runs a
     test set: its length plans the shards, its fingerprint joins the stage's, and a typo in
     ``input_key`` fails here, before any cluster starts. None for a provider without
@@ -45,7 +45,7 @@ def size_on_driver(stage: "Stage") -> Sizing | None:
     return Sizing(n_items, dataset_id(dataset), lengths, None if lengths is None else lengths_fingerprint(lengths))
 
 
-def checked_dataset(stage: "Stage") -> Any:
+def checked_dataset(stage: Stage) -> Any:
     """``provider.build_dataset(config)`` on the driver, not empty, its item 0 carrying every input
     key; None for a provider without ``build_dataset``. The command line and ``infer()`` call it
     before a server starts, so a typo in ``input_key`` is the first and only thing printed."""
@@ -86,11 +86,18 @@ def dataset_lengths(dataset: Any, n_items: int, test_set: str) -> Any:
     values = np.asarray(raw) if not isinstance(raw, np.ndarray) else raw
     if values.ndim != 1 or len(values) != n_items:
         count = len(values) if values.ndim == 1 else f"an array of shape {values.shape}"
-        raise BadInputError(f"{where}: returned {count} values for {n_items} items (one number per item, "
-                            f"in dataset order)")
+        raise BadInputError(
+            f"{where}: returned {count} values for {n_items} items (one number per item, in dataset order)"
+        )
     if values.dtype.kind not in "iuf":
-        bad = next((i for i, v in enumerate(raw) if isinstance(v, (bool, np.bool_))
-                    or not isinstance(v, (numbers.Real, np.integer, np.floating))), 0)
+        bad = next(
+            (
+                i
+                for i, v in enumerate(raw)
+                if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.integer, np.floating))
+            ),
+            0,
+        )
         raise BadInputError(f"{where}[{bad}] is {raw[bad]!r} ({type(raw[bad]).__name__}): lengths must be numbers")
     values = values.astype(np.float64)
     bad_values = np.flatnonzero(~np.isfinite(values) | (values < 0))
@@ -129,8 +136,10 @@ def check_input_keys(dataset: Any, input_key: Any, contract: Any, test_set: str)
         return
     missing = [k for k in keys if k not in item and k not in optional]
     if missing:
-        raise BadInputError(f"input_key: {missing[0]!r} is not a field of the items of test set {test_set!r} "
-                            f"(item 0 has: {', '.join(sorted(map(str, item)))})")
+        raise BadInputError(
+            f"input_key: {missing[0]!r} is not a field of the items of test set {test_set!r} "
+            f"(item 0 has: {', '.join(sorted(map(str, item)))})"
+        )
 
 
 def dataset_id(dataset: Any) -> str | None:

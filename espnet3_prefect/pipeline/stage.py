@@ -11,9 +11,9 @@ here, on the driver, before a server or cluster starts.
 from __future__ import annotations
 
 import copy
-import os
 import dataclasses
 import inspect
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,17 +22,25 @@ from omegaconf import DictConfig, OmegaConf
 
 from espnet3_prefect.config.keys import INFERENCE_KEYS, check_top_level_keys
 from espnet3_prefect.config.load import fingerprint, for_test_set, identity_config, list_test_sets
-from espnet3_prefect.espnet3.contract import load_inference_contract
-from espnet3_prefect.errors import ConfigError, one_line
-from espnet3_prefect.espnet3.inference_runner import key_list
-from espnet3_prefect.pipeline.layout import StageLayout
-from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
-from espnet3_prefect.config.runner_keys import (DEFAULT_MAX_FAILED_RATIO, DEFAULT_MIN_FREE_MB, DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S,
-                             RUNNER_CONTROL_KEYS, _runner_control, check_batch_size, runner_folder_options)
-from espnet3_prefect.pipeline.sizing import code_identity
+from espnet3_prefect.config.runner_keys import (
+    DEFAULT_MAX_FAILED_RATIO,
+    DEFAULT_MIN_FREE_MB,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_DELAY_S,
+    RUNNER_CONTROL_KEYS,
+    _runner_control,
+    check_batch_size,
+    runner_folder_options,
+)
 from espnet3_prefect.config.targets import instantiate, load_callable, locate
+from espnet3_prefect.errors import ConfigError, one_line
+from espnet3_prefect.espnet3.contract import load_inference_contract
+from espnet3_prefect.espnet3.inference_runner import key_list
+from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.pipeline.env import EnvBuilder
+from espnet3_prefect.pipeline.layout import StageLayout
+from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
+from espnet3_prefect.pipeline.sizing import code_identity
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ class Stage:
         """config + code, before the dataset's own fingerprint joins (names the env on workers)."""
         return fingerprint({"config": self.work.identity["config"], "code": self.work.identity["code"]})
 
-    def with_dataset(self, dataset_id: str | None, lengths_id: str | None = None) -> "Stage":
+    def with_dataset(self, dataset_id: str | None, lengths_id: str | None = None) -> Stage:
         """This stage with the dataset's own fingerprint (when it offers one) and the fingerprint of
         its ``lengths()`` (when it has them: they decide the plan) in its identity."""
         if not dataset_id and not lengths_id:
@@ -214,8 +222,11 @@ def stage_params(cfg: DictConfig, contract: Any = None) -> dict[str, Any]:
     params = OmegaConf.to_container(raw, resolve=True) if raw is not None else {}
     if not isinstance(params, dict):
         raise ConfigError("provider.params: must be a mapping")
-    added: dict[str, Any] = {"input_key": _input_key(cfg), "idx_key": cfg.get("idx_key", "utt_id"),
-                             "output_keys": _output_keys(cfg)}
+    added: dict[str, Any] = {
+        "input_key": _input_key(cfg),
+        "idx_key": cfg.get("idx_key", "utt_id"),
+        "output_keys": _output_keys(cfg),
+    }
     if contract is not None:
         added["inference_contract"] = OmegaConf.to_container(cfg.contract, resolve=True)
         if getattr(contract, "imports", ()):
@@ -224,16 +235,18 @@ def stage_params(cfg: DictConfig, contract: Any = None) -> dict[str, Any]:
         load_callable(cfg.output_fn, "output_fn")  # fail now, not on a worker
         added["output_fn_path"] = cfg.output_fn
     artifacts = cfg.get("output_artifacts") or {}
-    added["output_artifacts"] = OmegaConf.to_container(artifacts, resolve=True) if OmegaConf.is_config(artifacts) \
-        else dict(artifacts)
+    added["output_artifacts"] = (
+        OmegaConf.to_container(artifacts, resolve=True) if OmegaConf.is_config(artifacts) else dict(artifacts)
+    )
     clash = sorted(set(added) & set(params))
     if clash:
         raise ConfigError(f"provider.params.{clash[0]}: also set by the stage from the top-level config; keep one")
     return {**params, **added}
 
 
-def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, contract: Any, control: dict,
-           spec: ParallelSpec) -> Stage:
+def _stage(
+    cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, contract: Any, control: dict, spec: ParallelSpec
+) -> Stage:
     config = copy.deepcopy(cfg)  # the provider's own copy (it updates it with its params), as infer() passes
     OmegaConf.set_struct(config, False)
     config.test_set = name
@@ -246,27 +259,52 @@ def _stage(cfg: DictConfig, name: str, inference_dir: Path, runner_cls: type, co
     runner = _runner(cfg, runner_cls, provider, params, batch_size, given_dir)
     resume, shard_subdir = runner_folder_options(runner, "runner")
     output_fn = load_callable(params["output_fn_path"], "output_fn") if "output_fn_path" in params else None
-    identity = {"config": identity_config(for_test_set(cfg, name)),
-                "code": code_identity(runner_cls, type(provider), output_fn)}  # the dataset's id joins later
+    identity = {
+        "config": identity_config(for_test_set(cfg, name)),
+        "code": code_identity(runner_cls, type(provider), output_fn),
+    }  # the dataset's id joins later
     setup = _worker_setup(provider)
     layout = StageLayout(out_dir, shard_subdir)
-    work = StageWork(test_set=name, layout=layout, runner_cls=type(runner), env_key="", fingerprint=fingerprint(identity),
-                     identity=identity, batch_size=batch_size, on_error=control["on_error"],
-                     idx_key=params["idx_key"], allow_overwrite_lock=spec.allow_overwrite_lock, cwd=os.getcwd(),
-                     prefetch=control["prefetch"])
-    stage = Stage(work=work, runner=runner, builder=EnvBuilder(setup, str(given_dir), shard_subdir,
-                                                               type(provider).__qualname__),
-                  resume=resume, num_shards=spec.num_shards, n_workers=spec.n_workers, config=config,
-                  **{k: v for k, v in control.items() if k not in ("on_error", "prefetch")})
+    work = StageWork(
+        test_set=name,
+        layout=layout,
+        runner_cls=type(runner),
+        env_key="",
+        fingerprint=fingerprint(identity),
+        identity=identity,
+        batch_size=batch_size,
+        on_error=control["on_error"],
+        idx_key=params["idx_key"],
+        allow_overwrite_lock=spec.allow_overwrite_lock,
+        cwd=os.getcwd(),
+        prefetch=control["prefetch"],
+    )
+    stage = Stage(
+        work=work,
+        runner=runner,
+        builder=EnvBuilder(setup, str(given_dir), shard_subdir, type(provider).__qualname__),
+        resume=resume,
+        num_shards=spec.num_shards,
+        n_workers=spec.n_workers,
+        config=config,
+        **{k: v for k, v in control.items() if k not in ("on_error", "prefetch")},
+    )
     env_key = f"{name}-{stage.identity_fingerprint[:12]}"
     return dataclasses.replace(stage, work=dataclasses.replace(work, env_key=env_key))
 
 
-def _runner(cfg: DictConfig, runner_cls: type, provider: Any, params: dict, batch_size: int | None,
-            out_dir: Path) -> Any:
+def _runner(
+    cfg: DictConfig, runner_cls: type, provider: Any, params: dict, batch_size: int | None, out_dir: Path
+) -> Any:
     block = OmegaConf.create({k: v for k, v in cfg.runner.items() if k not in RUNNER_CONTROL_KEYS})
-    kwargs = {"provider": provider, "idx_key": params["idx_key"], "hyp_key": params["output_keys"] or [],
-              "ref_key": [], "batch_size": batch_size, "output_dir": out_dir}
+    kwargs = {
+        "provider": provider,
+        "idx_key": params["idx_key"],
+        "hyp_key": params["output_keys"] or [],
+        "ref_key": [],
+        "batch_size": batch_size,
+        "output_dir": out_dir,
+    }
     accepted = _accepted(runner_cls)
     if accepted is not None:  # a class without **kwargs gets only what it takes (upstream would TypeError)
         kwargs = {k: v for k, v in kwargs.items() if k in accepted or k in ("provider",)}
@@ -292,9 +330,13 @@ def _worker_setup(provider: Any) -> Any:
     elif callable(getattr(provider, "build_env_local", None)):
         setup = provider.build_env_local
     else:
-        raise ConfigError(f"provider._target_: {type(provider).__qualname__} has neither build_worker_setup_fn() "
-                          f"nor build_env_local()")
+        raise ConfigError(
+            f"provider._target_: {type(provider).__qualname__} has neither build_worker_setup_fn() "
+            f"nor build_env_local()"
+        )
     if not callable(setup):
-        raise ConfigError(f"provider._target_: {type(provider).__qualname__}.build_worker_setup_fn() must return a "
-                          f"function, got {type(setup).__name__}")
+        raise ConfigError(
+            f"provider._target_: {type(provider).__qualname__}.build_worker_setup_fn() must return a "
+            f"function, got {type(setup).__name__}"
+        )
     return setup

@@ -60,13 +60,33 @@ class StageSummary:
     items_run: int | None = None
 
     @classmethod
-    def of(cls, test_set: str, shards: list, items: int, outcome: ShardOutcome, *, seconds: float,
-           outputs: dict[str, str] | None = None, workers: int = 0, items_run: int | None = None) -> StageSummary:
+    def of(
+        cls,
+        test_set: str,
+        shards: list,
+        items: int,
+        outcome: ShardOutcome,
+        *,
+        seconds: float,
+        outputs: dict[str, str] | None = None,
+        workers: int = 0,
+        items_run: int | None = None,
+    ) -> StageSummary:
         """The summary of a stage whose ``shards`` ran as ``outcome`` says."""
-        return cls(test_set=test_set, shards=len(shards), items=items, shards_run=outcome.run,
-                   shards_cached=outcome.cached, failed=outcome.failed, jobs=sorted(outcome.jobs),
-                   seconds=seconds, outputs=dict(outputs or {}), workers=workers, timing=outcome.timing,
-                   items_run=items_run)
+        return cls(
+            test_set=test_set,
+            shards=len(shards),
+            items=items,
+            shards_run=outcome.run,
+            shards_cached=outcome.cached,
+            failed=outcome.failed,
+            jobs=sorted(outcome.jobs),
+            seconds=seconds,
+            outputs=dict(outputs or {}),
+            workers=workers,
+            timing=outcome.timing,
+            items_run=items_run,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict the flows return (``items_run`` only where it was counted)."""

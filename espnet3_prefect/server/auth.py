@@ -22,12 +22,12 @@ import os
 import secrets
 import stat
 import urllib.parse
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, MutableMapping
 
-from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
 from espnet3_prefect._internal.util import CLIENT_FILE_VAR
+from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
 
 CLIENT_FILE_NAME = "api-client.json"
 AUTH_USER = "espnet3"
@@ -49,8 +49,10 @@ class ClientCredentials:
     ssl_cert_file: str | None = None
 
     def __repr__(self) -> str:  # never print a secret by accident
-        return (f"ClientCredentials(api_url={self.api_url!r}, auth={'yes' if self.auth_string or self.api_key else 'no'}"
-                f", ssl_cert_file={self.ssl_cert_file!r})")
+        return (
+            f"ClientCredentials(api_url={self.api_url!r}, auth={'yes' if self.auth_string or self.api_key else 'no'}"
+            f", ssl_cert_file={self.ssl_cert_file!r})"
+        )
 
     def environ(self) -> dict[str, str]:
         """The Prefect client variables for these credentials (with a certificate file: verification
@@ -85,6 +87,7 @@ def new_auth_string() -> str:
 
 
 # -- the client file -----------------------------------------------------------------------------
+
 
 def client_file(home: str | os.PathLike) -> Path:
     """Where the client file of the server whose state is in ``home`` lives."""
@@ -128,8 +131,10 @@ def read_client_file(path: str | os.PathLike) -> ClientCredentials:
     if not stat.S_ISREG(info.st_mode):
         raise CredentialFileError(f"{where}: not a regular file")
     if info.st_mode & 0o077:
-        raise CredentialFileError(f"{where}: mode {stat.S_IMODE(info.st_mode):04o} lets other users read the "
-                                  f"credential; it must be 0600 (chmod 600 {path})")
+        raise CredentialFileError(
+            f"{where}: mode {stat.S_IMODE(info.st_mode):04o} lets other users read the "
+            f"credential; it must be 0600 (chmod 600 {path})"
+        )
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
         raise CredentialFileError(f"{where}: owned by uid {info.st_uid}, not by you (uid {os.getuid()})")
     try:
@@ -141,7 +146,7 @@ def read_client_file(path: str | os.PathLike) -> ClientCredentials:
     try:
         record = json.loads(text)
     except ValueError:
-        raise CredentialFileError(f"{where}: not JSON like {{\"api_url\": ..., \"auth_string\": ...}}") from None
+        raise CredentialFileError(f'{where}: not JSON like {{"api_url": ..., "auth_string": ...}}') from None
     if not isinstance(record, dict):
         raise CredentialFileError(f"{where}: not a JSON object")
     url = record.get("api_url")
@@ -155,8 +160,13 @@ def read_client_file(path: str | os.PathLike) -> ClientCredentials:
         values[key] = value
     if values["auth_string"] is not None and ":" not in values["auth_string"]:
         raise CredentialFileError(f"{where}: auth_string must read user:password")
-    return ClientCredentials(url, values["auth_string"], values["api_key"], source=str(path),
-                             ssl_cert_file=_cert_file(record.get("ssl_cert_file"), url, where))
+    return ClientCredentials(
+        url,
+        values["auth_string"],
+        values["api_key"],
+        source=str(path),
+        ssl_cert_file=_cert_file(record.get("ssl_cert_file"), url, where),
+    )
 
 
 def _cert_file(value, url: str, where: str) -> str | None:
@@ -186,34 +196,42 @@ def load_client_environ(environ: MutableMapping[str, str] | None = None) -> Clie
     return creds
 
 
-
 # -- which credentials a run uses -----------------------------------------------------------------
 
 EXTERNAL_CLIENT_FILE_NAME = "api-client-external.json"
 
 
-def server_client(home: Path, info: Mapping, *, wanted_host: str | None, wanted_auth: bool,
-                  wanted_tls: bool = False) -> ClientCredentials:
+def server_client(
+    home: Path, info: Mapping, *, wanted_host: str | None, wanted_auth: bool, wanted_tls: bool = False
+) -> ClientCredentials:
     """The credentials for the embedded server recorded in ``home`` (``info``: its ``server.json``);
     one line when that server does not listen where asked or lacks the auth or HTTPS asked for."""
     running_host, running_auth = info.get("host", "127.0.0.1"), bool(info.get("auth"))
     running_tls = bool(info.get("tls"))
     stop = f"stop it first (espnet3-prefect servers --stop {info.get('pid')}) or use another --state-dir"
     if wanted_host and running_host != wanted_host:
-        raise ConfigError(f"--server-host {wanted_host}: the Prefect server of state dir {home} already runs on "
-                          f"{info.get('api_url')} (pid {info.get('pid')}); {stop}")
+        raise ConfigError(
+            f"--server-host {wanted_host}: the Prefect server of state dir {home} already runs on "
+            f"{info.get('api_url')} (pid {info.get('pid')}); {stop}"
+        )
     if wanted_auth and not running_auth:
-        raise ConfigError(f"the Prefect server of state dir {home} already runs without auth on "
-                          f"{info.get('api_url')} (pid {info.get('pid')}); {stop}")
+        raise ConfigError(
+            f"the Prefect server of state dir {home} already runs without auth on "
+            f"{info.get('api_url')} (pid {info.get('pid')}); {stop}"
+        )
     if wanted_tls and not running_tls:
-        raise ConfigError(f"the Prefect server of state dir {home} already runs without HTTPS on "
-                          f"{info.get('api_url')} (pid {info.get('pid')}); {stop}")
+        raise ConfigError(
+            f"the Prefect server of state dir {home} already runs without HTTPS on "
+            f"{info.get('api_url')} (pid {info.get('pid')}); {stop}"
+        )
     if not (running_auth or running_tls):
         return ClientCredentials(str(info["api_url"]))
     creds = read_client_file(client_file(home))
     if creds.api_url != info["api_url"]:
-        raise CredentialFileError(f"Prefect client file {creds.source}: names {creds.api_url}, but the server "
-                                  f"of this state dir is {info['api_url']}; {stop}")
+        raise CredentialFileError(
+            f"Prefect client file {creds.source}: names {creds.api_url}, but the server "
+            f"of this state dir is {info['api_url']}; {stop}"
+        )
     return creds
 
 
@@ -226,15 +244,21 @@ def external_client(state: Callable[[], Path]) -> ClientCredentials | None:
     if os.environ.get(CLIENT_FILE_VAR):
         creds = read_client_file(os.environ[CLIENT_FILE_VAR])
         if creds.api_url != os.environ["PREFECT_API_URL"]:
-            raise CredentialFileError(f"Prefect client file {creds.source}: names {creds.api_url}, but "
-                                      f"PREFECT_API_URL is {os.environ['PREFECT_API_URL']}")
+            raise CredentialFileError(
+                f"Prefect client file {creds.source}: names {creds.api_url}, but "
+                f"PREFECT_API_URL is {os.environ['PREFECT_API_URL']}"
+            )
         return creds
     auth_string, api_key = os.environ.get("PREFECT_API_AUTH_STRING"), os.environ.get("PREFECT_API_KEY")
     if not (auth_string or api_key):
         return None
     url, cert = os.environ["PREFECT_API_URL"], os.environ.get("PREFECT_API_SSL_CERT_FILE") or None
-    creds = ClientCredentials(url, auth_string or None, api_key or None,
-                              ssl_cert_file=str(Path(cert).resolve()) if cert and url.startswith("https://") else None)
+    creds = ClientCredentials(
+        url,
+        auth_string or None,
+        api_key or None,
+        ssl_cert_file=str(Path(cert).resolve()) if cert and url.startswith("https://") else None,
+    )
     path = write_client_file(state() / EXTERNAL_CLIENT_FILE_NAME, creds)
     return dataclasses.replace(creds, source=str(path))
 
@@ -262,14 +286,21 @@ def exported(creds: ClientCredentials | None, home: Path | None = None) -> Itera
     saved = {k: os.environ.get(k) for k in updates}
     os.environ.update(updates)
     try:
-        from prefect.settings import (PREFECT_API_AUTH_STRING, PREFECT_API_SSL_CERT_FILE,
-                                      PREFECT_API_TLS_INSECURE_SKIP_VERIFY, PREFECT_API_URL, temporary_settings)
+        from prefect.settings import (
+            PREFECT_API_AUTH_STRING,
+            PREFECT_API_SSL_CERT_FILE,
+            PREFECT_API_TLS_INSECURE_SKIP_VERIFY,
+            PREFECT_API_URL,
+            temporary_settings,
+        )
 
         settings = {PREFECT_API_URL: creds.api_url}
         if creds.auth_string:
             settings[PREFECT_API_AUTH_STRING] = creds.auth_string
         if creds.ssl_cert_file:
-            settings.update({PREFECT_API_SSL_CERT_FILE: creds.ssl_cert_file, PREFECT_API_TLS_INSECURE_SKIP_VERIFY: False})
+            settings.update(
+                {PREFECT_API_SSL_CERT_FILE: creds.ssl_cert_file, PREFECT_API_TLS_INSECURE_SKIP_VERIFY: False}
+            )
         with temporary_settings(updates=settings):
             yield
     finally:

@@ -24,8 +24,10 @@ def project_root(directory: str | None = None) -> Path:
     here = Path(__file__).resolve().parents[2]  # espnet3_prefect/server/ -> the checkout
     if (here / "prefect.yaml").is_file():
         return here
-    raise ConfigError("cannot find the project checkout: set ESPNET3_PREFECT_ROOT for the worker "
-                      "(espnet3-prefect is not installed from a checkout with a prefect.yaml)")
+    raise ConfigError(
+        "cannot find the project checkout: set ESPNET3_PREFECT_ROOT for the worker "
+        "(espnet3-prefect is not installed from a checkout with a prefect.yaml)"
+    )
 
 
 def enter_project(directory: str | None = None) -> dict[str, str]:

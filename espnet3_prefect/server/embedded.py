@@ -22,24 +22,30 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
-from espnet3_prefect._internal.proc import pid_alive, stop_group
 from espnet3_prefect._internal.atomic import atomic_write_text
-from espnet3_prefect.server.port import project_port, remember_port
-from espnet3_prefect.errors import Espnet3PrefectError
-from espnet3_prefect.server.state_home import (DEFAULT_STATE_DIR, STATE_DIR_HELP, default_state_dir, project_folder,  # noqa: F401
-                         registry_dir, state_dir)
-from espnet3_prefect.server.services import service_environ
+from espnet3_prefect._internal.proc import pid_alive, stop_group
 from espnet3_prefect._internal.util import read_json
+from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.port import project_port, remember_port
+from espnet3_prefect.server.services import service_environ
+from espnet3_prefect.server.state_home import (  # noqa: F401
+    DEFAULT_STATE_DIR,
+    STATE_DIR_HELP,
+    default_state_dir,
+    project_folder,
+    registry_dir,
+    state_dir,
+)
 
 if TYPE_CHECKING:
     from espnet3_prefect.server.https import ServerTLS
@@ -77,9 +83,16 @@ def prefect_executable() -> str:
     return found
 
 
-def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: str = "127.0.0.1",
-                 auth_string: str | None = None, tls: "ServerTLS | None" = None,
-                 services: str = "all") -> tuple[subprocess.Popen, str]:
+def start_server(
+    home: Path,
+    port: int | None = None,
+    ui: bool = True,
+    *,
+    host: str = "127.0.0.1",
+    auth_string: str | None = None,
+    tls: ServerTLS | None = None,
+    services: str = "all",
+) -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
     ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
     ``tls`` (its files made) it serves HTTPS (:mod:`espnet3_prefect.server.serve`, the files by path).
@@ -91,17 +104,21 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
     # The UI asks GET /ui-settings where its API is. Prefect answers PREFECT_UI_API_URL, whose default
     # is built from PREFECT_SERVER_API_PORT (4200), not from --port: without this the UI of a server on
     # any other port is blank, or shows the runs of whichever server holds 4200.
-    env = {**os.environ, "PREFECT_HOME": str(home / "prefect_home"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
-           "PREFECT_SERVER_UI_API_URL": api_url,
-           # what turns a checkpoint event into an evaluate run: kept on whatever the shell says
-           "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "true",
-           "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "true",
-           "PREFECT_SERVER_SERVICES_ACTIONS_ENABLED": "true",
-           # `prefect deployment run --watch` shows a run's log lines (ours say why a run failed) only
-           # when the server streams them out (off by default)
-           "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true", "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home / "prefect_home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
+        "PREFECT_SERVER_UI_API_URL": api_url,
+        # what turns a checkpoint event into an evaluate run: kept on whatever the shell says
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "true",
+        "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "true",
+        "PREFECT_SERVER_SERVICES_ACTIONS_ENABLED": "true",
+        # `prefect deployment run --watch` shows a run's log lines (ours say why a run failed) only
+        # when the server streams them out (off by default)
+        "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+        "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
+    }
     for inherited in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_SERVER_API_AUTH_STRING"):
         env.pop(inherited, None)
     if auth_string:
@@ -109,25 +126,49 @@ def start_server(home: Path, port: int | None = None, ui: bool = True, *, host: 
     env.update(service_environ(services, env))
     cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
     if tls is not None:
-        cmd = [sys.executable, "-m", "espnet3_prefect.server.serve", "--host", host, "--port", str(port),
-               "--ssl-certfile", str(tls.cert_file), "--ssl-keyfile", str(tls.key_file)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "espnet3_prefect.server.serve",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--ssl-certfile",
+            str(tls.cert_file),
+            "--ssl-keyfile",
+            str(tls.key_file),
+        ]
     log.info("starting Prefect server: %s", " ".join(cmd))
     logfile = open(home / "server.log", "ab")
-    proc = subprocess.Popen(cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     logfile.close()
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = (home / "server.log").read_text(errors="replace")[-1500:]
-            raise Espnet3PrefectError(f"Prefect server exited with code {proc.returncode}; log {home/'server.log'}: {' '.join(tail.split()[-60:])}")
+            raise Espnet3PrefectError(
+                f"Prefect server exited with code {proc.returncode}; log {home / 'server.log'}: "
+                f"{' '.join(tail.split()[-60:])}"
+            )
         if healthy(api_url, cafile=str(tls.ca_file) if tls else None):
-            _register(proc.pid, api_url, home, ui, auth=bool(auth_string), ca_file=str(tls.ca_file) if tls else None,
-                      services=services)
+            _register(
+                proc.pid,
+                api_url,
+                home,
+                ui,
+                auth=bool(auth_string),
+                ca_file=str(tls.ca_file) if tls else None,
+                services=services,
+            )
             return proc, api_url
         time.sleep(0.5)
     stop_server(proc.pid)
-    raise Espnet3PrefectError(f"Prefect server did not become healthy in {STARTUP_TIMEOUT_S} s; see {home/'server.log'}")
+    raise Espnet3PrefectError(
+        f"Prefect server did not become healthy in {STARTUP_TIMEOUT_S} s; see {home / 'server.log'}"
+    )
 
 
 def stop_server(pid: int, timeout_s: float = 20) -> None:
@@ -141,8 +182,11 @@ def stop_server(pid: int, timeout_s: float = 20) -> None:
 def running_server(home: Path) -> dict | None:
     """``{"pid", "api_url", "ui_url"}`` of the server recorded in ``home`` while it is alive and healthy."""
     info = read_json(home / "server.json")
-    if isinstance(info, dict) and pid_alive(info.get("pid", -1)) and healthy(info.get("api_url", ""),
-                                                                             cafile=info.get("ssl_cert_file")):
+    if (
+        isinstance(info, dict)
+        and pid_alive(info.get("pid", -1))
+        and healthy(info.get("api_url", ""), cafile=info.get("ssl_cert_file"))
+    ):
         return info
     return None
 
@@ -160,8 +204,15 @@ def _other_users(home: Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool = True,
-                host: str | None = None, auth: bool | None = None, tls: bool | None = None) -> Iterator[str]:
+def prefect_api(
+    home: str | Path | None = None,
+    *,
+    keep: bool = False,
+    ui: bool = True,
+    host: str | None = None,
+    auth: bool | None = None,
+    tls: bool | None = None,
+) -> Iterator[str]:
     """Yield a Prefect API URL: ``$PREFECT_API_URL``, else a running embedded server, else a new one.
 
     The URL is exported in ``os.environ`` (Dask workers and batch jobs inherit it) and set in
@@ -181,10 +232,13 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
 
     chosen_host = host or os.environ.get(HOST_VAR)
     if os.environ.get("PREFECT_API_URL"):
-        asked = f"--server-host {host}" if host else "--server-tls" if tls else "--no-server-tls" if tls is False else ""
+        asked = (
+            f"--server-host {host}" if host else "--server-tls" if tls else "--no-server-tls" if tls is False else ""
+        )
         if asked:
-            raise Espnet3PrefectError(f"{asked}: PREFECT_API_URL is set, so no embedded server "
-                                      f"starts; unset it or drop {asked.split()[0]}")
+            raise Espnet3PrefectError(
+                f"{asked}: PREFECT_API_URL is set, so no embedded server starts; unset it or drop {asked.split()[0]}"
+            )
         with exported(external_client(lambda: state_dir(home))):
             yield os.environ["PREFECT_API_URL"]
         return
@@ -198,10 +252,18 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
     try:
         info = running_server(home)
         if info is None:
-            info = start_recorded(home, ui=ui, host=address, auth=with_auth, tls=with_tls, given_host=chosen_host,
-                                  services="all" if keep else "run")
-        creds = server_client(home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth,
-                              wanted_tls=with_tls)
+            info = start_recorded(
+                home,
+                ui=ui,
+                host=address,
+                auth=with_auth,
+                tls=with_tls,
+                given_host=chosen_host,
+                services="all" if keep else "run",
+            )
+        creds = server_client(
+            home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth, wanted_tls=with_tls
+        )
     except BaseException:
         me.unlink(missing_ok=True)
         raise
@@ -216,9 +278,17 @@ def prefect_api(home: str | Path | None = None, *, keep: bool = False, ui: bool 
             forget_server(home, info["pid"], info["api_url"])
 
 
-def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool = False,
-                   port: int | None = None, tls: bool = False, given_host: str | None = None,
-                   services: str = "all") -> dict:
+def start_recorded(
+    home: Path,
+    *,
+    ui: bool,
+    host: str = "127.0.0.1",
+    auth: bool = False,
+    port: int | None = None,
+    tls: bool = False,
+    given_host: str | None = None,
+    services: str = "all",
+) -> dict:
     """Start a server for ``home`` (with a new credential when ``auth``, serving HTTPS with a new
     certificate naming ``host`` and ``given_host`` when ``tls``, running ``services``), write its 0600
     client file (when ``auth`` or ``tls``) and record it in ``home/server.json``; return that record."""
@@ -228,15 +298,30 @@ def start_recorded(home: Path, *, ui: bool, host: str = "127.0.0.1", auth: bool 
     auth_string = new_auth_string() if auth else None
     certs = ServerTLS.of(home).create(host, given_host) if tls else None
     try:
-        proc, url = start_server(home, port=port or project_port(home, host), ui=ui, host=host,
-                                 auth_string=auth_string, tls=certs, services=services)
+        proc, url = start_server(
+            home,
+            port=port or project_port(home, host),
+            ui=ui,
+            host=host,
+            auth_string=auth_string,
+            tls=certs,
+            services=services,
+        )
     except BaseException:
         if certs is not None:
             certs.remove()
         raise
     remember_port(home, url)
-    info = {"pid": proc.pid, "api_url": url, "ui_url": url[: -len("/api")], "host": host, "auth": auth,
-            "tls": tls, "ssl_cert_file": str(certs.ca_file) if certs else None, "services": services}
+    info = {
+        "pid": proc.pid,
+        "api_url": url,
+        "ui_url": url[: -len("/api")],
+        "host": host,
+        "auth": auth,
+        "tls": tls,
+        "ssl_cert_file": str(certs.ca_file) if certs else None,
+        "services": services,
+    }
     if auth or tls:
         write_client_file(client_file(home), ClientCredentials(url, auth_string, ssl_cert_file=info["ssl_cert_file"]))
     atomic_write_text(home / "server.json", json.dumps(info))
@@ -276,10 +361,20 @@ def _flush_prefect() -> None:
 
 # -- the registry of the servers we started (read by servers.py) -------------------------------
 
-def _register(pid: int, api_url: str, home: Path, ui: bool, auth: bool = False, ca_file: str | None = None,
-              services: str = "all") -> None:
-    record = {"pid": pid, "api_url": api_url, "started": datetime.now().astimezone().isoformat(timespec="seconds"),
-              "state_dir": str(home), "ui": ui, "auth": auth, "ssl_cert_file": ca_file, "services": services}
+
+def _register(
+    pid: int, api_url: str, home: Path, ui: bool, auth: bool = False, ca_file: str | None = None, services: str = "all"
+) -> None:
+    record = {
+        "pid": pid,
+        "api_url": api_url,
+        "started": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "state_dir": str(home),
+        "ui": ui,
+        "auth": auth,
+        "ssl_cert_file": ca_file,
+        "services": services,
+    }
     try:
         registry_dir().mkdir(parents=True, exist_ok=True)
         atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))

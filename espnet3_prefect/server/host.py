@@ -45,8 +45,9 @@ def resolve_host(host: str) -> str:
     try:
         return socket.gethostbyname(host)
     except OSError:
-        raise ConfigError(f"--server-host {host}: not an address, a network interface or a host name "
-                          f"this machine can resolve") from None
+        raise ConfigError(
+            f"--server-host {host}: not an address, a network interface or a host name this machine can resolve"
+        ) from None
 
 
 def _interface_address(name: str) -> str | None:
@@ -88,9 +89,11 @@ def auth_required(address: str, auth: bool | None) -> bool:
     if auth is None:
         return not is_loopback(address)
     if not auth and not is_loopback(address):
-        raise ConfigError(f"refusing to serve the Prefect API on {address} without auth: anyone who can reach "
-                          f"that address could read and change your runs, deployments and parameters "
-                          f"(drop the --no-auth/--no-server-auth switch, or serve on 127.0.0.1)")
+        raise ConfigError(
+            f"refusing to serve the Prefect API on {address} without auth: anyone who can reach "
+            f"that address could read and change your runs, deployments and parameters "
+            f"(drop the --no-auth/--no-server-auth switch, or serve on 127.0.0.1)"
+        )
     return auth
 
 
@@ -100,13 +103,17 @@ def tls_required(address: str, tls: bool | None, auth: bool | None) -> bool:
 
     >>> tls_required("127.0.0.1", None, None), tls_required("10.0.0.5", None, None), tls_required("::1", True, None)
     (False, True, True)
-    >>> tls_required("10.0.0.5", False, False)
+    >>> tls_required("10.0.0.5", False, False)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    espnet3_prefect.errors.ConfigError: refusing to serve the Prefect API on 10.0.0.5 without TLS and without auth: anyone on the network could read and change your runs (drop --no-server-tls/--no-tls or --no-server-auth/--no-auth)
+    espnet3_prefect.errors.ConfigError: refusing to serve the Prefect API on 10.0.0.5 without TLS and without auth:
+    anyone on the network could read and change your runs (drop --no-server-tls/--no-tls or
+    --no-server-auth/--no-auth)
     """
     if tls is False and auth is False and not is_loopback(address):
-        raise ConfigError(f"refusing to serve the Prefect API on {address} without TLS and without auth: anyone on "
-                          f"the network could read and change your runs (drop --no-server-tls/--no-tls or "
-                          f"--no-server-auth/--no-auth)")
+        raise ConfigError(
+            f"refusing to serve the Prefect API on {address} without TLS and without auth: anyone on "
+            f"the network could read and change your runs (drop --no-server-tls/--no-tls or "
+            f"--no-server-auth/--no-auth)"
+        )
     return (not is_loopback(address)) if tls is None else tls

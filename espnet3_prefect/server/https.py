@@ -81,32 +81,47 @@ def generate_server_pem(ips: list[str], names: list[str]) -> tuple[str, str, str
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     start, end = now - dt.timedelta(seconds=CLOCK_SKEW_S), now + dt.timedelta(days=VALID_DAYS)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     label = (ips + names)[0] if ips or names else "server"
-    ca_name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "espnet3-prefect"),
-                         x509.NameAttribute(NameOID.COMMON_NAME, f"espnet3-prefect API authority for {label}")])
+    ca_name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "espnet3-prefect"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"espnet3-prefect API authority for {label}"),
+        ]
+    )
     ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(_usage(cert_sign=True), critical=True)
-          .add_extension(ca_ski, critical=False)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_usage(cert_sign=True), critical=True)
+        .add_extension(ca_ski, critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     alt = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips] + [x509.DNSName(n) for n in names]
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, label[:64])]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(end)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_usage(cert_sign=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, label[:64])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_usage(cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = serialization.Encoding.PEM
     key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     return ca.public_bytes(pem).decode(), cert.public_bytes(pem).decode(), key_pem.decode()
@@ -115,9 +130,17 @@ def generate_server_pem(ips: list[str], names: list[str]) -> tuple[str, str, str
 def _usage(cert_sign: bool):
     from cryptography import x509
 
-    return x509.KeyUsage(digital_signature=not cert_sign, content_commitment=False, key_encipherment=False,
-                         data_encipherment=False, key_agreement=False, key_cert_sign=cert_sign,
-                         crl_sign=cert_sign, encipher_only=False, decipher_only=False)
+    return x509.KeyUsage(
+        digital_signature=not cert_sign,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -132,7 +155,7 @@ class ServerTLS:
     directory: Path
 
     @classmethod
-    def of(cls, home: str | Path) -> "ServerTLS":
+    def of(cls, home: str | Path) -> ServerTLS:
         return cls(Path(home) / TLS_DIR_NAME)
 
     @property
@@ -147,7 +170,7 @@ class ServerTLS:
     def key_file(self) -> Path:
         return self.directory / KEY_NAME
 
-    def create(self, address: str, given: str | None = None) -> "ServerTLS":
+    def create(self, address: str, given: str | None = None) -> ServerTLS:
         """New files for a server bound to ``address`` (``given``: the host as the user named it),
         replacing any a stopped server left."""
         ca_pem, cert_pem, key_pem = generate_server_pem(*certificate_names(address, given))

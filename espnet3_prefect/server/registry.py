@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from espnet3_prefect._internal.proc import pid_alive, stop_tree
-from espnet3_prefect.server.auth import CLIENT_FILE_NAME
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.embedded import forget_server, healthy, registry_dir, stop_server
 
@@ -77,9 +76,14 @@ def list_servers() -> list[ServerRecord]:
         try:
             data = json.loads(entry.read_text())
             pid = int(data["pid"])
-            fields = {"pid": pid, "api_url": str(data["api_url"]), "started": str(data.get("started", "")),
-                      "state_dir": str(data.get("state_dir", "")), "ui": bool(data.get("ui", True)),
-                      "ssl_cert_file": data.get("ssl_cert_file") or None}
+            fields = {
+                "pid": pid,
+                "api_url": str(data["api_url"]),
+                "started": str(data.get("started", "")),
+                "state_dir": str(data.get("state_dir", "")),
+                "ui": bool(data.get("ui", True)),
+                "ssl_cert_file": data.get("ssl_cert_file") or None,
+            }
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours to judge; never deleted
         if not _is_prefect_server(pid):
@@ -140,9 +144,11 @@ def _forget(server: ServerRecord) -> None:
 
 def kept_server_message(server: ServerRecord) -> str:
     """What the CLI prints when it leaves a server running (``--keep-server``)."""
-    return (f"Prefect server left running (pid {server.pid}, state {server.state_dir}):\n"
-            f"  UI:   {server.ui_url}\n"
-            f"  stop: {server.stop_command}")
+    return (
+        f"Prefect server left running (pid {server.pid}, state {server.state_dir}):\n"
+        f"  UI:   {server.ui_url}\n"
+        f"  stop: {server.stop_command}"
+    )
 
 
 def format_servers(servers: list[ServerRecord]) -> str:
@@ -174,11 +180,17 @@ def find_api(state: str | None):
         cert = os.environ.get("PREFECT_API_SSL_CERT_FILE") or None
         if not healthy(url, cafile=cert):
             raise Espnet3PrefectError(f"PREFECT_API_URL={url} does not answer")
-        return ClientCredentials(url, os.environ.get("PREFECT_API_AUTH_STRING") or None,
-                                 os.environ.get("PREFECT_API_KEY") or None, ssl_cert_file=cert)
+        return ClientCredentials(
+            url,
+            os.environ.get("PREFECT_API_AUTH_STRING") or None,
+            os.environ.get("PREFECT_API_KEY") or None,
+            ssl_cert_file=cert,
+        )
     home = state_dir(state)
     info = running_server(home)
     if info is None:
-        raise Espnet3PrefectError("no Prefect server to submit to: run `espnet3-prefect deploy-local` "
-                                  "(or set PREFECT_API_URL to a server with the deployments)")
+        raise Espnet3PrefectError(
+            "no Prefect server to submit to: run `espnet3-prefect deploy-local` "
+            "(or set PREFECT_API_URL to a server with the deployments)"
+        )
     return server_client(home, info, wanted_host=None, wanted_auth=False)

@@ -4,8 +4,9 @@ shards' ``done`` markers) and the project's recent runs, read from its Prefect s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 from espnet3_prefect.pipeline.layout import DONE_NAME
 from espnet3_prefect.pipeline.marker import read_marker
@@ -65,8 +66,15 @@ def describe_runs(ids: Iterable[str] | None = None, limit: int = 10) -> list[Run
             if run.flow_id not in flows:
                 flows[run.flow_id] = client.read_flow(run.flow_id).name
             started = run.start_time or run.expected_start_time
-            links.append(RunLink(str(run.id), flows[run.flow_id], run.name, run.state.name if run.state else "?",
-                                 started.astimezone().strftime("%Y-%m-%d %H:%M:%S") if started else ""))
+            links.append(
+                RunLink(
+                    str(run.id),
+                    flows[run.flow_id],
+                    run.name,
+                    run.state.name if run.state else "?",
+                    started.astimezone().strftime("%Y-%m-%d %H:%M:%S") if started else "",
+                )
+            )
     return links
 
 

@@ -26,12 +26,22 @@ def main(argv: list[str] | None = None) -> None:
     from prefect.settings import get_current_settings
 
     server = get_current_settings().server
-    print(f"espnet3-prefect: Prefect server (API, UI, services) over HTTPS on {args.host}:{args.port}, "
-          f"certificate {args.ssl_certfile}", flush=True)
-    uvicorn.run(create_app(final=True), host=args.host, port=args.port, ssl_certfile=args.ssl_certfile,
-                ssl_keyfile=args.ssl_keyfile, timeout_keep_alive=server.api.keepalive_timeout,
-                ws_ping_interval=server.api.websocket_ping_interval, ws_ping_timeout=server.api.websocket_ping_timeout,
-                log_level=str(server.logging_level).lower())
+    print(
+        f"espnet3-prefect: Prefect server (API, UI, services) over HTTPS on {args.host}:{args.port}, "
+        f"certificate {args.ssl_certfile}",
+        flush=True,
+    )
+    uvicorn.run(
+        create_app(final=True),
+        host=args.host,
+        port=args.port,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        timeout_keep_alive=server.api.keepalive_timeout,
+        ws_ping_interval=server.api.websocket_ping_interval,
+        ws_ping_timeout=server.api.websocket_ping_timeout,
+        log_level=str(server.logging_level).lower(),
+    )
 
 
 if __name__ == "__main__":

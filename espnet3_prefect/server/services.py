@@ -14,7 +14,7 @@ variable the user set in the environment wins over ours.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 _PREFIX = "PREFECT_SERVER_SERVICES_"
 #: what a run's own server goes without: deployment schedules, late and paused runs, work-pool
@@ -22,9 +22,11 @@ _PREFIX = "PREFECT_SERVER_SERVICES_"
 #: (task-run recorder, event persister) and automations (triggers) stay.
 RUN_ONLY_OFF = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "REPOSSESSOR")
 #: events written in batches of up to 50, at least every second
-BATCHED = {f"{_PREFIX}{service}_{key}": value
-           for service in ("TASK_RUN_RECORDER", "EVENT_PERSISTER")
-           for key, value in (("READ_BATCH_SIZE", "50"), ("BATCH_SIZE", "50"), ("FLUSH_INTERVAL", "1"))}
+BATCHED = {
+    f"{_PREFIX}{service}_{key}": value
+    for service in ("TASK_RUN_RECORDER", "EVENT_PERSISTER")
+    for key, value in (("READ_BATCH_SIZE", "50"), ("BATCH_SIZE", "50"), ("FLUSH_INTERVAL", "1"))
+}
 SERVICES = ("all", "run")
 
 

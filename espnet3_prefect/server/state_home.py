@@ -14,8 +14,10 @@ from espnet3_prefect._internal.atomic import atomic_write_text
 
 DEFAULT_STATE_DIR = ".e3p/prefect"
 """The default state dir, relative to the project folder (:func:`project_folder`)."""
-STATE_DIR_HELP = ("embedded server state (default $ESPNET3_PREFECT_HOME, else .e3p/prefect in the git "
-                  "checkout of the current folder, else in the current folder)")
+STATE_DIR_HELP = (
+    "embedded server state (default $ESPNET3_PREFECT_HOME, else .e3p/prefect in the git "
+    "checkout of the current folder, else in the current folder)"
+)
 
 
 def project_folder(start: str | Path | None = None) -> Path:

@@ -25,9 +25,19 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--remote-debugging-address=127.0.0.1",
+    "--remote-debugging-port=0",
+]
 
 
 def find_chromium() -> str | None:
@@ -45,17 +55,34 @@ class BrowserError(RuntimeError):
 class Browser:
     """One headless Chromium with one page. Use as a context manager."""
 
-    def __init__(self, executable: str, *, width: int = 1400, height: int = 1000, start_timeout_s: float = 60,
-                 extra_flags: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        executable: str,
+        *,
+        width: int = 1400,
+        height: int = 1000,
+        start_timeout_s: float = 60,
+        extra_flags: tuple[str, ...] = (),
+    ):
         from websockets.sync.client import connect
 
         self.profile = Path(tempfile.mkdtemp(prefix="e3p-chromium-"))
         self.log = self.profile / "chromium.log"
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([executable, *FLAGS, *extra_flags, f"--user-data-dir={self.profile}",
-                                          f"--window-size={width},{height}", "about:blank"],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [
+                    executable,
+                    *FLAGS,
+                    *extra_flags,
+                    f"--user-data-dir={self.profile}",
+                    f"--window-size={width},{height}",
+                    "about:blank",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self._ids = itertools.count(1)
         try:
             port = self._devtools_port(start_timeout_s)
@@ -65,8 +92,10 @@ class Browser:
                 raise BrowserError("Chromium started without a page")
             self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=20)
             self.call("Page.enable")
-            self.call("Emulation.setDeviceMetricsOverride",
-                      {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+            self.call(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            )
         except BaseException:
             self.close()
             raise
@@ -76,8 +105,9 @@ class Browser:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BrowserError(f"Chromium exited with code {self.proc.returncode}: "
-                                   f"{self.log.read_text(errors='replace')[-1500:]}")
+                raise BrowserError(
+                    f"Chromium exited with code {self.proc.returncode}: {self.log.read_text(errors='replace')[-1500:]}"
+                )
             text = active.read_text() if active.exists() else ""
             if text.strip():
                 return int(text.split()[0])
@@ -121,21 +151,26 @@ class Browser:
                 return text
             time.sleep(0.5)
         missing = [n for n in needles if n not in text]
-        raise BrowserError(f"after {timeout_s} s the page at {self.evaluate('location.href')} lacks {missing}; "
-                           f"it shows: {' '.join(text.split())[:1500]}")
+        raise BrowserError(
+            f"after {timeout_s} s the page at {self.evaluate('location.href')} lacks {missing}; "
+            f"it shows: {' '.join(text.split())[:1500]}"
+        )
 
     def click_text(self, label: str) -> bool:
         """Click what shows exactly ``label`` (the link, button or tab around it, else the element
         itself); False if nothing on the page shows it."""
-        return bool(self.evaluate(
-            "(() => { const want = %s;"
-            " const hits = [...document.querySelectorAll('body *')].filter("
-            "   el => el.innerText && el.innerText.trim() === want"
-            "         && ![...el.children].some(c => c.innerText && c.innerText.trim() === want));"
-            " if (!hits.length) return false;"
-            " const el = hits[0];"
-            " (el.closest('a, button, [role=tab], [role=tablist] > *') || el).click();"
-            " return true; })()" % json.dumps(label)))
+        return bool(
+            self.evaluate(
+                "(() => { const want = %s;"  # noqa: UP031 - a JavaScript template full of braces
+                " const hits = [...document.querySelectorAll('body *')].filter("
+                "   el => el.innerText && el.innerText.trim() === want"
+                "         && ![...el.children].some(c => c.innerText && c.innerText.trim() === want));"
+                " if (!hits.length) return false;"
+                " const el = hits[0];"
+                " (el.closest('a, button, [role=tab], [role=tablist] > *') || el).click();"
+                " return true; })()" % json.dumps(label)
+            )
+        )
 
     def screenshot(self, path: Path) -> Path:
         data = self.call("Page.captureScreenshot", {"format": "png"})["data"]
@@ -164,7 +199,7 @@ class Browser:
             self.proc.wait(timeout=10)
         shutil.rmtree(self.profile, ignore_errors=True)
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *exc) -> None:

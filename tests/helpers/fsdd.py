@@ -36,8 +36,9 @@ class LogEnergyModel:
 
     def features(self, speech) -> tuple[int, float]:
         torch = self.torch
-        spec = torch.stft(torch.from_numpy(speech), n_fft=256, hop_length=80, win_length=200,
-                          window=self.window, return_complex=True)
+        spec = torch.stft(
+            torch.from_numpy(speech), n_fft=256, hop_length=80, win_length=200, window=self.window, return_complex=True
+        )
         energy = spec.abs().pow(2).sum(dim=0).clamp_min(1e-10).log()
         return int(energy.shape[0]), float(energy.mean())
 

@@ -17,8 +17,9 @@ import urllib.request
 
 
 def _ask(url: str, auth_string: str | None, context: ssl.SSLContext | None) -> int | str:
-    request = urllib.request.Request(f"{url}/flow_runs/filter", data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/flow_runs/filter", data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+    )
     if auth_string:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth_string.encode()).decode())
     try:
@@ -36,10 +37,12 @@ def _ask(url: str, auth_string: str | None, context: ssl.SSLContext | None) -> i
 def probe(api_url: str, auth_string: str | None, cafile: str) -> dict[str, int | str]:
     """Outcomes by name: an int is an HTTP status, a string says why there was none."""
     assert api_url.startswith("https://"), api_url
-    return {"plain_http": _ask("http://" + api_url[len("https://"):], auth_string, None),
-            "https_without_certificate": _ask(api_url, auth_string, ssl.create_default_context()),
-            "https_without_credential": _ask(api_url, None, ssl.create_default_context(cafile=cafile)),
-            "https_with_both": _ask(api_url, auth_string, ssl.create_default_context(cafile=cafile))}
+    return {
+        "plain_http": _ask("http://" + api_url[len("https://") :], auth_string, None),
+        "https_without_certificate": _ask(api_url, auth_string, ssl.create_default_context()),
+        "https_without_credential": _ask(api_url, None, ssl.create_default_context(cafile=cafile)),
+        "https_with_both": _ask(api_url, auth_string, ssl.create_default_context(cafile=cafile)),
+    }
 
 
 def assert_only_both_get_in(outcome: dict) -> None:

@@ -71,10 +71,14 @@ def build_inference_dir(root: Path) -> Path:
     write_scp(out / "errors" / "hyp.scp", [("e1", "a x c"), ("e2", "d f g"), ("e3", "h i j"), ("e4", "same here")])
     write_scp(out / "empty_hyps" / "ref.scp", [("m1", "one two"), ("m2", "three"), ("m3", "four five six")])
     write_scp(out / "empty_hyps" / "hyp.scp", [("m1", ""), ("m2", ""), ("m3", "four")])
-    write_scp(out / "non_ascii" / "ref.scp", [("n1", "こんにちは 世界"), ("n2", "Grüße aus Köln"), ("n3", "안녕 하세요 123"),
-                                              ("n4", "emoji 🎉 ok")])
-    write_scp(out / "non_ascii" / "hyp.scp", [("n1", "こんにちわ 世界"), ("n2", "Grüsse aus Köln"), ("n3", "안녕 하세요"),
-                                              ("n4", "emoji 🎉🎉 ok")])
+    write_scp(
+        out / "non_ascii" / "ref.scp",
+        [("n1", "こんにちは 世界"), ("n2", "Grüße aus Köln"), ("n3", "안녕 하세요 123"), ("n4", "emoji 🎉 ok")],
+    )
+    write_scp(
+        out / "non_ascii" / "hyp.scp",
+        [("n1", "こんにちわ 世界"), ("n2", "Grüsse aus Köln"), ("n3", "안녕 하세요"), ("n4", "emoji 🎉🎉 ok")],
+    )
     refs, hyps = many_rows(2345)
     write_scp(out / "big" / "ref.scp", refs, blank_every=97)
     write_scp(out / "big" / "hyp.scp", hyps)
@@ -101,7 +105,8 @@ class ParityOrganizer:
         for entry in test:
             refs, _hyps = many_rows(int(entry["n"]))
             self.test[entry["name"]] = ParityDataset(
-                [{"utt_id": utt, "text": text, "n_words": len(text.split())} for utt, text in refs])
+                [{"utt_id": utt, "text": text, "n_words": len(text.split())} for utt, text in refs]
+            )
 
 
 def write_dataset_hyps(inference_dir: Path, tests: dict[str, int]) -> None:
@@ -156,15 +161,16 @@ class ColumnOrganizer:
     def __init__(self, test=()):
         ColumnOrganizer.builds += 1
         rows = {
-            "dev": [{"utt_id": "d1", "text": "héllo wörld", "n": 2, "ok": True}, {"utt_id": "d2", "text": "", "n": 0,
-                                                                                  "ok": False}],
+            "dev": [
+                {"utt_id": "d1", "text": "héllo wörld", "n": 2, "ok": True},
+                {"utt_id": "d2", "text": "", "n": 0, "ok": False},
+            ],
             "noid": [{"text": "a"}, {"text": "b"}],
             "badid": [{"utt_id": "a b", "text": "x"}],
             "multiline": [{"utt_id": "m1", "text": "one\ntwo"}],
             "array": [{"utt_id": "r1", "text": object()}],
         }
         self.test = {t["name"]: ColumnDataset(rows[t["name"]]) for t in test}
-
 
 
 def _load(path: str, overrides: list[str]):
@@ -192,8 +198,9 @@ def _this_checkouts_flows(root: Path) -> None:
 
     for name in ("flows", "tasks"):
         full = f"espnet3_prefect.{name}"
-        spec = importlib.util.spec_from_file_location(full, root / name / "__init__.py",
-                                                      submodule_search_locations=[str(root / name)])
+        spec = importlib.util.spec_from_file_location(
+            full, root / name / "__init__.py", submodule_search_locations=[str(root / name)]
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[full] = module
         spec.loader.exec_module(module)
@@ -206,7 +213,7 @@ def main(argv: list[str]) -> int:
     if "--inference-config" in rest:
         at = rest.index("--inference-config")
         inference_path = rest[at + 1]
-        rest = rest[:at] + rest[at + 2:]
+        rest = rest[:at] + rest[at + 2 :]
     root = str(Path(__file__).resolve().parents[2])
     if root not in sys.path:
         sys.path.insert(0, root)

@@ -18,8 +18,11 @@ import yaml
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
-PAGES = {path.relative_to(ROOT).as_posix(): path.read_text()
-         for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))] if "_build" not in path.parts}
+PAGES = {
+    path.relative_to(ROOT).as_posix(): path.read_text()
+    for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    if "_build" not in path.parts
+}
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", flags=re.M | re.S)
 TEXT_LANGUAGES = {"text"}  # output and diagrams: nothing to run
 CONSOLE = "console"  # a session: the `$ ` lines are commands (checked as bash's), the rest is their output
@@ -40,8 +43,11 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
 
 
 def bash_blocks(text: str) -> list[list[str]]:
-    return [[line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
-            for language, block in fenced_blocks(text) if language == "bash"]
+    return [
+        [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+        for language, block in fenced_blocks(text)
+        if language == "bash"
+    ]
 
 
 def all_blocks(language: str) -> list[tuple[str, str]]:
@@ -117,9 +123,17 @@ def deployment_names() -> set[str]:
     return names
 
 
-PREFECT_SUBCOMMANDS = {("server", "start"), ("worker", "start"), ("--no-prompt", "deploy"), ("deploy",),
-                       ("work-pool", "create"), ("flow-run", "logs"), ("flow-run", "inspect"),
-                       ("flow-run", "cancel"), ("deployment", "run")}
+PREFECT_SUBCOMMANDS = {
+    ("server", "start"),
+    ("worker", "start"),
+    ("--no-prompt", "deploy"),
+    ("deploy",),
+    ("work-pool", "create"),
+    ("flow-run", "logs"),
+    ("flow-run", "inspect"),
+    ("flow-run", "cancel"),
+    ("deployment", "run"),
+}
 
 
 def check_command(argv: list[str], where: str) -> None:
@@ -155,7 +169,7 @@ def check_command(argv: list[str], where: str) -> None:
         return None
     if program == "prefect":
         words = tuple(a for a in args if not a.startswith("--") or a == "--no-prompt")
-        assert any(words[:len(sub)] == sub for sub in PREFECT_SUBCOMMANDS), f"{where}: prefect {' '.join(args)}"
+        assert any(words[: len(sub)] == sub for sub in PREFECT_SUBCOMMANDS), f"{where}: prefect {' '.join(args)}"
         if words[:2] == ("deployment", "run"):
             name = words[2].strip("'\"")
             assert name in deployment_names(), f"{where}: no deployment {name!r} in prefect.yaml"

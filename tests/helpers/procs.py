@@ -19,8 +19,9 @@ CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
 def cli_env(home: Path) -> dict[str, str]:
     """The environment minus any PREFECT_* (so the CLI uses its embedded default), state in ``home``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT),
-               ESPNET3_PREFECT_REGISTRY=str(Path(home) / "registry"))  # `servers` sees this test's only
+    env.update(
+        ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT), ESPNET3_PREFECT_REGISTRY=str(Path(home) / "registry")
+    )  # `servers` sees this test's only
     return env
 
 
@@ -61,8 +62,13 @@ def deploy_local(base: Path, prepare=None):
     env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
     if prepare is not None:
         prepare(project, env)
-    proc = subprocess.run([*CLI, "deploy-local", "--port", str(free_port()), "--project-dir", str(project)],
-                          env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [*CLI, "deploy-local", "--port", str(free_port()), "--project-dir", str(project)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     state_file = home / "deploy-local.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else None
     try:

@@ -70,9 +70,14 @@ class LengthsToyDataset(ToyDataset):
 
 class ToyOrganizer:
     def __init__(self, test=()):
-        self.test = {t["name"]: (LengthsToyDataset(t["n"], t.get("bad"), t.get("version_file"), t["lengths"])
-                                 if "lengths" in t else ToyDataset(t["n"], t.get("bad"), t.get("version_file")))
-                     for t in test}
+        self.test = {
+            t["name"]: (
+                LengthsToyDataset(t["n"], t.get("bad"), t.get("version_file"), t["lengths"])
+                if "lengths" in t
+                else ToyDataset(t["n"], t.get("bad"), t.get("version_file"))
+            )
+            for t in test
+        }
 
 
 class ToyModel:

@@ -60,8 +60,14 @@ class UpSquares(BaseRunner):
 
 class UpInferProvider(EnvironmentProvider):
     def build_env_local(self):
-        return {"dataset": _items(self.config["n"]), "model": _Model(), "input_key": "x", "idx_key": "utt_id",
-                "output_fn_path": "tests.helpers.upstream_workloads.output_fn", "output_keys": ["hyp", "ref"]}
+        return {
+            "dataset": _items(self.config["n"]),
+            "model": _Model(),
+            "input_key": "x",
+            "idx_key": "utt_id",
+            "output_fn_path": "tests.helpers.upstream_workloads.output_fn",
+            "output_keys": ["hyp", "ref"],
+        }
 
     def build_worker_setup_fn(self):
         provider = UpInferProvider(dict(self.config))
@@ -80,5 +86,11 @@ def output_fn(data, model_output, idx):
 
 
 def up_inference_runner(n: int, output_dir, batch_size=None) -> InferenceRunner:
-    return InferenceRunner(UpInferProvider({"n": n}), idx_key="utt_id", hyp_key="hyp", ref_key="ref",
-                           batch_size=batch_size, output_dir=output_dir)
+    return InferenceRunner(
+        UpInferProvider({"n": n}),
+        idx_key="utt_id",
+        hyp_key="hyp",
+        ref_key="ref",
+        batch_size=batch_size,
+        output_dir=output_dir,
+    )

@@ -89,8 +89,10 @@ def word_config(tmp_path: Path, n: int = 25, checkpoint: Path | None = None) -> 
     return {
         "inference_dir": str(tmp_path / "inference"),
         "dataset": {"_target_": "tests.helpers.wordrecipe.WordOrganizer", "test": [{"name": "dev", "n": n}]},
-        "model": {"_target_": "tests.helpers.wordrecipe.CheckpointModel",
-                  "checkpoint": str(checkpoint or tmp_path / "model.ckpt")},
+        "model": {
+            "_target_": "tests.helpers.wordrecipe.CheckpointModel",
+            "checkpoint": str(checkpoint or tmp_path / "model.ckpt"),
+        },
         "input_key": "text",
         "output_fn": "tests.helpers.wordrecipe.word_output_fn",
         "output_keys": ["hyp", "ref"],

@@ -1,5 +1,10 @@
 """Smoke check: dask_jobqueue.SGECluster on the Grid Engine from sge_up.sh -> 2 workers in SGE jobs."""
-import os, subprocess, sys, tempfile, time
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
 
 from dask.distributed import Client
 from dask_jobqueue import SGECluster
@@ -14,14 +19,22 @@ def qstat():  # job ids of all users; the first two lines are the table header
 
 if __name__ == "__main__":
     t0 = time.time()
-    with SGECluster(queue=os.environ.get("E3P_SGE_QUEUE", "all.q"), cores=1, processes=1,
-                    memory="1GB", walltime="00:05:00", interface="lo", python=sys.executable,
-                    log_directory=os.path.join(STATE, "logs"),  # else *.o<jobid> files land in $HOME
-                    local_directory=os.path.join(STATE, "dask-tmp"),
-                    scheduler_options={"dashboard_address": "127.0.0.1:0"},
-                    worker_extra_args=["--dashboard-address", "127.0.0.1:0"],  # default binds 0.0.0.0
-                    ) as cluster, \
-            Client(cluster) as client:
+    with (
+        SGECluster(
+            queue=os.environ.get("E3P_SGE_QUEUE", "all.q"),
+            cores=1,
+            processes=1,
+            memory="1GB",
+            walltime="00:05:00",
+            interface="lo",
+            python=sys.executable,
+            log_directory=os.path.join(STATE, "logs"),  # else *.o<jobid> files land in $HOME
+            local_directory=os.path.join(STATE, "dask-tmp"),
+            scheduler_options={"dashboard_address": "127.0.0.1:0"},
+            worker_extra_args=["--dashboard-address", "127.0.0.1:0"],  # default binds 0.0.0.0
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         t1 = time.time()
         cluster.scale(2)
         client.wait_for_workers(2, timeout=120)

@@ -1,5 +1,10 @@
 """Smoke check: dask_jobqueue.SLURMCluster on the SLURM from slurm_up.sh -> 2 workers in SLURM jobs."""
-import os, subprocess, sys, tempfile, time
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
 
 from dask.distributed import Client
 from dask_jobqueue import SLURMCluster
@@ -13,14 +18,22 @@ def squeue():
 
 if __name__ == "__main__":
     t0 = time.time()
-    with SLURMCluster(queue=os.environ.get("E3P_SLURM_PARTITION", "debug"), cores=1, processes=1,
-                      memory="1GB", walltime="00:05:00", interface="lo", python=sys.executable,
-                      log_directory=os.path.join(STATE, "logs"),  # else slurm-*.out land in the cwd
-                      local_directory=os.path.join(STATE, "dask-tmp"),
-                      scheduler_options={"dashboard_address": "127.0.0.1:0"},
-                      worker_extra_args=["--dashboard-address", "127.0.0.1:0"],  # default binds 0.0.0.0
-                      ) as cluster, \
-            Client(cluster) as client:
+    with (
+        SLURMCluster(
+            queue=os.environ.get("E3P_SLURM_PARTITION", "debug"),
+            cores=1,
+            processes=1,
+            memory="1GB",
+            walltime="00:05:00",
+            interface="lo",
+            python=sys.executable,
+            log_directory=os.path.join(STATE, "logs"),  # else slurm-*.out land in the cwd
+            local_directory=os.path.join(STATE, "dask-tmp"),
+            scheduler_options={"dashboard_address": "127.0.0.1:0"},
+            worker_extra_args=["--dashboard-address", "127.0.0.1:0"],  # default binds 0.0.0.0
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         t1 = time.time()
         cluster.scale(2)
         client.wait_for_workers(2, timeout=120)

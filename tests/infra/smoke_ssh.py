@@ -1,5 +1,9 @@
 """Smoke check: distributed.SSHCluster over the private sshd from sshd_up.sh -> 2 workers via ssh."""
-import os, sys, tempfile, time
+
+import os
+import sys
+import tempfile
+import time
 
 from dask.distributed import Client, SSHCluster
 
@@ -10,13 +14,16 @@ if __name__ == "__main__":
     PORT = int(os.environ.get("E3P_SSH_PORT") or open(os.path.join(STATE, "ssh", "port")).read())
     KEY = os.environ.get("E3P_SSH_KEY", os.path.join(STATE, "ssh", "id_ed25519"))
     t0 = time.time()
-    with SSHCluster(["127.0.0.1"] * 3,  # first host runs the scheduler, the others one worker each
-                    connect_options={"known_hosts": None, "port": PORT, "username": "root",
-                                     "client_keys": [KEY]},
-                    scheduler_options={"host": "127.0.0.1", "port": 0, "dashboard_address": "127.0.0.1:0"},
-                    worker_options={"host": "127.0.0.1", "nthreads": 1,
-                                    "local_directory": os.path.join(STATE, "dask-tmp")},
-                    remote_python=sys.executable) as cluster, Client(cluster) as client:
+    with (
+        SSHCluster(
+            ["127.0.0.1"] * 3,  # first host runs the scheduler, the others one worker each
+            connect_options={"known_hosts": None, "port": PORT, "username": "root", "client_keys": [KEY]},
+            scheduler_options={"host": "127.0.0.1", "port": 0, "dashboard_address": "127.0.0.1:0"},
+            worker_options={"host": "127.0.0.1", "nthreads": 1, "local_directory": os.path.join(STATE, "dask-tmp")},
+            remote_python=sys.executable,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         client.wait_for_workers(2, timeout=60)
         t1 = time.time()
         info = client.run(lambda: (os.getpid(), os.environ.get("SSH_CONNECTION")))

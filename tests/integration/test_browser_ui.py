@@ -53,8 +53,14 @@ def test_flow_run_link_printed_by_the_cli_shows_the_run_in_chromium(tmp_path, ch
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, n_workers=1, num_shards=2))
     env = {**cli_env(tmp_path / "home"), "ESPNET3_PREFECT_REGISTRY": os.environ["ESPNET3_PREFECT_REGISTRY"]}
     started = time.monotonic()
-    proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "--keep-server"], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg), "--keep-server"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     links = re.findall(r"View at (http://127\.0\.0\.1:\d+/runs/flow-run/[0-9a-f-]{36})", proc.stdout + proc.stderr)
     assert links, "the CLI printed no flow-run link:\n" + proc.stderr[-3000:]
@@ -70,8 +76,16 @@ def test_flow_run_link_printed_by_the_cli_shows_the_run_in_chromium(tmp_path, ch
         try:
             page.goto(url)
             # The run's header and its Logs tab (open by default): the flow's own log lines.
-            text = page.wait_for_text("Completed", "Task Runs", "Artifacts", "Beginning flow run",
-                                      "split.0: 4 items", "merged 2 shards", "summary:", timeout_s=90)
+            text = page.wait_for_text(
+                "Completed",
+                "Task Runs",
+                "Artifacts",
+                "Beginning flow run",
+                "split.0: 4 items",
+                "merged 2 shards",
+                "summary:",
+                timeout_s=90,
+            )
             assert "Can't connect" not in text and "No flow runs" not in text
             assert page.click_text("Task Runs")
             page.wait_for_text("run-shard-test_a-0", "run-shard-test_a-1", "merge-test_a", timeout_s=60)
@@ -87,9 +101,11 @@ def test_flow_run_link_printed_by_the_cli_shows_the_run_in_chromium(tmp_path, ch
 
 def keep_evidence(page: Browser, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for what, save in (("png", lambda p: page.screenshot(p)),
-                       ("txt", lambda p: p.write_text(page.text())),
-                       ("html", lambda p: p.write_text(page.evaluate("document.documentElement.outerHTML") or ""))):
+    for what, save in (
+        ("png", lambda p: page.screenshot(p)),
+        ("txt", lambda p: p.write_text(page.text())),
+        ("html", lambda p: p.write_text(page.evaluate("document.documentElement.outerHTML") or "")),
+    ):
         try:
             save(ARTIFACTS / f"{name}.{what}")
         except Exception as exc:  # the evidence must never hide the failure
@@ -120,11 +136,19 @@ def test_the_ui_over_https_beyond_loopback_shows_the_run_in_chromium(tmp_path, c
     home = tmp_path / "home"
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, n_workers=1, num_shards=2))
     env = {**cli_env(home), "ESPNET3_PREFECT_REGISTRY": os.environ["ESPNET3_PREFECT_REGISTRY"]}
-    proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "--keep-server", "--server-host", address], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg), "--keep-server", "--server-host", address],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     [server] = kept_servers()
-    links = re.findall(rf"View at (https://{re.escape(address)}:\d+/runs/flow-run/[0-9a-f-]{{36}})", proc.stdout + proc.stderr)
+    links = re.findall(
+        rf"View at (https://{re.escape(address)}:\d+/runs/flow-run/[0-9a-f-]{{36}})", proc.stdout + proc.stderr
+    )
     assert links and links[0].startswith(server.ui_url + "/"), proc.stderr[-3000:]
     creds = read_client_file(client_file(home))
     with Browser(chromium) as page:  # trusts only the system's authorities: the page does not open
@@ -154,15 +178,22 @@ def test_a_link_printed_by_a_finished_run_opens_after_it_ended(tmp_path, chromiu
     printed shows that run and its task runs."""
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, n_workers=1, num_shards=2))
     env = {**cli_env(tmp_path / "home"), "ESPNET3_PREFECT_REGISTRY": os.environ["ESPNET3_PREFECT_REGISTRY"]}
-    proc = subprocess.run([*CLI, "infer", "--config", str(cfg)], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     [url] = re.findall(r"View at (http://127\.0\.0\.1:\d+/runs/flow-run/[0-9a-f-]{36})", proc.stderr)
     assert kept_servers() == [] and not (tmp_path / "home/server.json").exists()  # the run's server is gone
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=5)
-    ui = subprocess.run([*CLI, "ui", str(tmp_path / "inference"), "--keep-server"], env=env, capture_output=True,
-                        text=True, timeout=300, cwd=tmp_path)
+    ui = subprocess.run(
+        [*CLI, "ui", str(tmp_path / "inference"), "--keep-server"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert ui.returncode == 0, ui.stderr[-3000:]
     assert f"  {url}  infer/" in ui.stdout, ui.stdout  # the same address: the printed link is valid again
     assert ui.stdout.count(url) == 2  # as the run that wrote the folder, and among the recent runs

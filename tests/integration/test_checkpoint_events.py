@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import CLI, deploy_local, wait_for
 from espnet3_prefect.cli.deploy import CHECKPOINT_QUEUE
+from tests.helpers.procs import CLI, deploy_local, wait_for
 
 pytestmark = pytest.mark.slow
 SETTLE_S = 3.0
@@ -40,17 +40,26 @@ def demo_checkpoint(epoch: int, dead_tones: list[int], legacy: bool = False) -> 
         state["kernels"][tone] = 0
         state["kernels"][tone + 7] = 0
     buffer = io.BytesIO()
-    torch.save({"state_dict": state, "epoch": epoch, "global_step": 100 * epoch}, buffer,
-               _use_new_zipfile_serialization=not legacy)
+    torch.save(
+        {"state_dict": state, "epoch": epoch, "global_step": 100 * epoch},
+        buffer,
+        _use_new_zipfile_serialization=not legacy,
+    )
     return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     """deploy-local on a copy of the project (demo data made up front); stopped after."""
+
     def make_demo_data(project, env):
-        subprocess.run([*CLI[:1], "-m", "dtmf_demo.recipe", "--data-root", str(project / "exp/dtmf/data")],
-                       check=True, env=env, capture_output=True, timeout=300)
+        subprocess.run(
+            [*CLI[:1], "-m", "dtmf_demo.recipe", "--data-root", str(project / "exp/dtmf/data")],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
 
     base = tmp_path_factory.mktemp("ckpt")
     with deploy_local(base, prepare=make_demo_data) as (proc, state, env):
@@ -63,9 +72,14 @@ class WatcherProc:
     def __init__(self, d, exp_dir: Path, log: Path, *extra: str):
         self.log = log
         handle = open(log, "ab")
-        self.proc = subprocess.Popen([*CLI, "watch-checkpoints", str(exp_dir), "--settle-s", str(SETTLE_S),
-                                      "--poll-s", "0.5", *extra], env=d["env"], cwd=d["project"], stdout=handle,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [*CLI, "watch-checkpoints", str(exp_dir), "--settle-s", str(SETTLE_S), "--poll-s", "0.5", *extra],
+            env=d["env"],
+            cwd=d["project"],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         handle.close()
         deadline = time.monotonic() + 60
         while "watching " not in log.read_text() and time.monotonic() < deadline:
@@ -87,13 +101,12 @@ def checkpoint_events(d) -> list:
 
 
 def checkpoint_runs(d) -> list:
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     with SyncPrefectClient(d["state"]["api_url"]) as client:
         deployment = client.read_deployment_by_name("evaluate/checkpoint")
         return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
-
 
 
 def history(d) -> list[dict]:
@@ -107,7 +120,7 @@ def write_slowly(path: Path, data: bytes, chunks: int, pause_s: float) -> float:
     step = -(-len(data) // chunks)
     with open(path, "wb") as handle:
         for start in range(0, len(data), step):
-            handle.write(data[start:start + step])
+            handle.write(data[start : start + step])
             handle.flush()
             os.fsync(handle.fileno())
             if start + step < len(data):
@@ -132,10 +145,17 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
         latency_s = metrics.stat().st_mtime - last_byte
         [event] = checkpoint_events(d)
         [run] = checkpoint_runs(d)
-        marks = {"event sent": event.occurred.timestamp(), "run created": run.created.timestamp(),
-                 "run started": run.start_time.timestamp(), "metrics.json": metrics.stat().st_mtime}
-        print(f"\nlatency, last byte of {first.name} -> its metrics.json: {latency_s:.1f} s ("
-              + ", ".join(f"{k} +{v - last_byte:.1f} s" for k, v in marks.items()) + ")")
+        marks = {
+            "event sent": event.occurred.timestamp(),
+            "run created": run.created.timestamp(),
+            "run started": run.start_time.timestamp(),
+            "metrics.json": metrics.stat().st_mtime,
+        }
+        print(
+            f"\nlatency, last byte of {first.name} -> its metrics.json: {latency_s:.1f} s ("
+            + ", ".join(f"{k} +{v - last_byte:.1f} s" for k, v in marks.items())
+            + ")"
+        )
         assert history(d)[0]["checkpoint"]["epoch"] == 1
 
         # 2: zip written in slow chunks (pauses beyond a poll), 3: the old torch format (no zip end
@@ -194,17 +214,29 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
 
     # checkpoint_saved() from a training script, with its own state file: the event is sent, the run
     # it starts finds the content already scored and decodes nothing
-    code = ("import espnet3_prefect, sys; print(espnet3_prefect.checkpoint_saved(sys.argv[1], "
-            "state_file=sys.argv[2]))")
-    sent = subprocess.run([*CLI[:1], "-c", code, str(first), str(d["base"] / "script-state.json")],
-                          env=d["env"], capture_output=True, text=True, timeout=120)
+    code = "import espnet3_prefect, sys; print(espnet3_prefect.checkpoint_saved(sys.argv[1], state_file=sys.argv[2]))"
+    sent = subprocess.run(
+        [*CLI[:1], "-c", code, str(first), str(d["base"] / "script-state.json")],
+        env=d["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert sent.returncode == 0 and len(sent.stdout.strip()) == 36, sent.stderr[-2000:]
-    again = subprocess.run([*CLI[:1], "-c", code, str(first), str(d["base"] / "script-state.json")],
-                           env=d["env"], capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [*CLI[:1], "-c", code, str(first), str(d["base"] / "script-state.json")],
+        env=d["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0 and again.stdout.strip() == "None"  # same content: nothing sent
     first_three = {r.id for r in runs}
-    [run] = wait_for(lambda: [r for r in checkpoint_runs(d) if r.id not in first_three and r.state.is_final()],
-                     300, "the run checkpoint_saved() started")
+    [run] = wait_for(
+        lambda: [r for r in checkpoint_runs(d) if r.id not in first_three and r.state.is_final()],
+        300,
+        "the run checkpoint_saved() started",
+    )
     assert run.state.is_completed() and len(history(d)) == 3  # nothing decoded, nothing appended
     assert run.name == f"evaluate-{first.name}-{records[0]['checkpoint']['sha256'][:8]}"
     assert len(checkpoint_events(d)) == 4
@@ -214,8 +246,13 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
     try:
         fourth = exp / "epoch=4-step=400.ckpt"
         fourth.write_bytes(demo_checkpoint(4, [2]))
-        wait_for(lambda: [r for r in checkpoint_runs(d) if r.name.startswith(f"evaluate-{fourth.name}")
-                          and r.state.is_running()], 300, "the fourth checkpoint's run to start")
+        wait_for(
+            lambda: [
+                r for r in checkpoint_runs(d) if r.name.startswith(f"evaluate-{fourth.name}") and r.state.is_running()
+            ],
+            300,
+            "the fourth checkpoint's run to start",
+        )
         fifth, sixth = exp / "epoch=5-step=500.ckpt", exp / "epoch=6-step=600.ckpt"
         fifth.write_bytes(demo_checkpoint(5, [3]))
         wait_for(lambda: len(checkpoint_runs(d)) == 6, 120, "the fifth checkpoint's run to be queued")

@@ -18,8 +18,14 @@ pytestmark = pytest.mark.slow
 def test_summary_printed_once_and_a_finished_stage_starts_no_server(tmp_path):
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, num_shards=2))
     home = tmp_path / "home"
-    first = subprocess.run([*CLI, "infer", "--config", str(cfg)], env=cli_env(home), capture_output=True,
-                           text=True, timeout=300, cwd=tmp_path)
+    first = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg)],
+        env=cli_env(home),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     line = "test_a: 8 items, 2 shards run, 0 cached"
     assert first.stdout.count(line) == 1 and line not in first.stderr, first.stderr[-3000:]
@@ -29,17 +35,30 @@ def test_summary_printed_once_and_a_finished_stage_starts_no_server(tmp_path):
     assert "split.0: 4 items" in first.stderr and "split.1: 4 items" in first.stderr
     assert "Task run 'run-shard-test_a-0' - Finished in state" not in first.stderr, first.stderr[-3000:]
 
-    again = subprocess.run([*CLI, "infer", "--config", str(cfg)], env=cli_env(home), capture_output=True,
-                           text=True, timeout=120, cwd=tmp_path)
+    again = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg)],
+        env=cli_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "test_a: 8 items, 0 shards run, 2 cached" in again.stdout
     assert "Prefect API" not in again.stderr and not (home / "server.json").exists()
-    assert again.stderr.strip() == ("nothing to run: every test set is done and verified "
-                                    "(no server started, no flow run)")
+    assert again.stderr.strip() == (
+        "nothing to run: every test set is done and verified (no server started, no flow run)"
+    )
 
     # A changed config is work again: the flow runs (and says why); --verbose shows every Prefect line.
-    changed = subprocess.run([*CLI, "infer", "--config", str(cfg), "model.scale=4", "--verbose"], env=cli_env(home),
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    changed = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg), "model.scale=4", "--verbose"],
+        env=cli_env(home),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert changed.returncode == 0 and "Prefect API" in changed.stderr, changed.stderr[-3000:]
     assert "test_a: 8 items, 2 shards run, 0 cached" in changed.stdout
     assert "Task run 'run-shard-test_a-0' - Finished in state Completed()" in changed.stderr

@@ -23,7 +23,6 @@ import pytest
 
 from tests.helpers.procs import CLI, deploy_local
 
-
 pytestmark = pytest.mark.slow
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 WER_T = "espnet3.systems.esp2_asr.metrics.wer.WER"
@@ -60,8 +59,11 @@ def last_run(d, name: str):
 
     with SyncPrefectClient(d["state"]["api_url"]) as client:
         deployment = client.read_deployment_by_name(name)
-        [run] = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
-                                      sort=FlowRunSort.START_TIME_DESC, limit=1)
+        [run] = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
+            sort=FlowRunSort.START_TIME_DESC,
+            limit=1,
+        )
     return run
 
 
@@ -92,7 +94,9 @@ def test_infer_local_then_evaluate_local_on_the_demo(deployed):
     cer = (out / "test_noisy" / "cer_alignment").read_text().splitlines()[-1]
     assert cer == "CER: 0.71 (hits=1122, substitutions=2, deletions=4, insertions=2)"
     [record] = [json.loads(x) for x in (out / "evaluate_history.jsonl").read_text().splitlines()]
-    planned = sum(len(json.loads((out / t / "manifest.json").read_text())["shards"]) for t in ("test_clean", "test_noisy"))
+    planned = sum(
+        len(json.loads((out / t / "manifest.json").read_text())["shards"]) for t in ("test_clean", "test_noisy")
+    )
     assert planned > 2 and record["shards_run"] == 0 and record["shards_cached"] == planned  # infer/local's, reused
     assert record["model"]["kind"] == "config" and record["headline"]["WER"] == {"test_clean": 0.0, "test_noisy": 4.0}
     assert (out / "evaluate_history.png").read_bytes()[:4] == b"\x89PNG"
@@ -124,19 +128,23 @@ def test_bad_parameters_fail_the_run_at_once_with_the_message(deployed):
     run = deployment_run(d, "infer/local", 'overrides=["parallel.env=slrum"]', timeout=180)
     assert run.returncode != 0
     failed = last_run(d, "infer/local")
-    line = ("parallel.env: unknown backend 'slrum'; valid values: local, local_gpu, slurm, pbs, sge, lsf, htcondor, "
-            "moab, oar, ssh, kube")
+    line = (
+        "parallel.env: unknown backend 'slrum'; valid values: local, local_gpu, slurm, pbs, sge, lsf, htcondor, "
+        "moab, oar, ssh, kube"
+    )
     assert failed.state.is_failed() and failed.state.message == line  # the state says why (inspect, the UI)
     watched = " ".join(run.stdout.split())  # --watch shows the line (the terminal wraps it), no traceback
     assert line in watched and "Traceback" not in run.stdout, run.stdout[-3000:]
     assert failed.total_run_time.total_seconds() < 10  # config checked before any cluster starts
-    inspect = subprocess.run([PREFECT, "flow-run", "inspect", str(failed.id)], env=d["env"], capture_output=True,
-                             text=True, timeout=120)
+    inspect = subprocess.run(
+        [PREFECT, "flow-run", "inspect", str(failed.id)], env=d["env"], capture_output=True, text=True, timeout=120
+    )
     assert line in " ".join(inspect.stdout.split()), inspect.stdout[-2000:]
     run = deployment_run(d, "infer/local", 'overrides=["+batch_sise=16"]', timeout=180)  # a misspelt key
     failed = last_run(d, "infer/local")
     assert failed.state.is_failed() and failed.state.message == (
-        "batch_sise: not a config key; did you mean batch_size? (a key of your own: list it under allow_keys:)")
+        "batch_sise: not a config key; did you mean batch_size? (a key of your own: list it under allow_keys:)"
+    )
     run = deployment_run(d, "evaluate/local", 'metrics_config=["recipes/dtmf/conf/nope.yaml"]', timeout=180)
     failed = last_run(d, "evaluate/local")
     assert failed.state.is_failed() and "config file not found: recipes/dtmf/conf/nope.yaml" in failed.state.message
@@ -150,11 +158,23 @@ def test_infer_detach_returns_at_once_and_the_run_finishes_in_its_folder(deploye
     elsewhere.mkdir()
     data = d["project"] / "exp/dtmf/data/test_noisy"
     started = time.monotonic()
-    proc = subprocess.run([*CLI, "infer", "--detach", "--config", str(d["project"] / "recipes/dtmf/conf/inference.yaml"),
-                           "inference_dir=exp/detached", f"dataset.test=[{{name: test_noisy, data_dir: {data}}}]",
-                           "parallel.n_workers=1"],
-                          env={k: v for k, v in d["env"].items() if k != "PREFECT_API_URL"}, cwd=elsewhere,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            *CLI,
+            "infer",
+            "--detach",
+            "--config",
+            str(d["project"] / "recipes/dtmf/conf/inference.yaml"),
+            "inference_dir=exp/detached",
+            f"dataset.test=[{{name: test_noisy, data_dir: {data}}}]",
+            "parallel.n_workers=1",
+        ],
+        env={k: v for k, v in d["env"].items() if k != "PREFECT_API_URL"},
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert time.monotonic() - started < 60
     run_id = proc.stdout.split("flow run id: ")[1].split()[0]
@@ -177,8 +197,15 @@ def test_nightly_carries_its_cron_schedule_and_every_deployment_exists(deployed)
     [schedule] = nightly.schedules
     assert schedule.schedule.cron == "0 3 * * *" and schedule.schedule.timezone == "America/New_York"
     assert schedule.active
-    assert names == {"infer/local", "infer/local_gpu", "infer/slurm", "metrics/local", "evaluate/local",
-                     "evaluate/nightly", "evaluate/checkpoint"}
+    assert names == {
+        "infer/local",
+        "infer/local_gpu",
+        "infer/slurm",
+        "metrics/local",
+        "evaluate/local",
+        "evaluate/nightly",
+        "evaluate/checkpoint",
+    }
     assert nightly.work_pool_name == "espnet3-local"
 
 
@@ -189,8 +216,9 @@ def test_infer_slurm_deployment_runs_its_workers_as_slurm_jobs(deployed):
     if not os.environ.get("E3P_SLURM_PARTITION") or shutil.which("squeue") is None:
         missing('SLURM not configured: run eval "$(tests/infra/up.sh slurm)" first')
     d = deployed
-    overrides = json.dumps(["inference_dir=exp/dtmf/inference_slurm", "+parallel.options.interface=lo",
-                            "~parallel.options.log_directory"])  # -> the per-run job log folder
+    overrides = json.dumps(
+        ["inference_dir=exp/dtmf/inference_slurm", "+parallel.options.interface=lo", "~parallel.options.log_directory"]
+    )  # -> the per-run job log folder
     run = deployment_run(d, "infer/slurm", f"overrides={overrides}")
     assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
     out = d["project"] / "exp/dtmf/inference_slurm"

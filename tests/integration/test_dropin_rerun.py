@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from omegaconf import OmegaConf
@@ -19,14 +19,18 @@ def _infer_runs(inference_dir: str, since, flow: str = "infer") -> list:
     """The ``flow`` runs of this config started since ``since``: the session's server also holds
     other tests' runs (a detached deployment run still finishing, a schedule's future runs)."""
     from prefect import get_client
-    from prefect.client.schemas.filters import (FlowFilter, FlowFilterName, FlowRunFilter,
-                                                FlowRunFilterStartTime)
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime
 
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])),
-                                     flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)))
-    return [r for r in runs if isinstance(r.parameters.get("config"), dict)
-            and r.parameters["config"].get("inference_dir") == inference_dir]
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow])),
+            flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)),
+        )
+    return [
+        r
+        for r in runs
+        if isinstance(r.parameters.get("config"), dict) and r.parameters["config"].get("inference_dir") == inference_dir
+    ]
 
 
 @contextlib.contextmanager
@@ -57,7 +61,7 @@ def test_dropin_infer_starts_no_flow_run_for_a_finished_stage(prefect_server, tm
     from espnet3_prefect import infer
 
     config = OmegaConf.create(toy_config(tmp_path, n=6, n_workers=1, num_shards=2))
-    inference_dir, since = config.inference_dir, datetime.now(timezone.utc)
+    inference_dir, since = config.inference_dir, datetime.now(UTC)
     assert infer(config) is None
     assert len(_infer_runs(inference_dir, since)) == 1
     scp = tmp_path / "inference/test_a/y.scp"
@@ -85,9 +89,18 @@ def test_dropin_measure_starts_no_flow_run_when_nothing_changed(prefect_server, 
         (inference_dir / test_set).mkdir(parents=True)
         (inference_dir / test_set / "ref.scp").write_text(ref)
         (inference_dir / test_set / "hyp.scp").write_text(hyp)
-    config = OmegaConf.create({"inference_dir": str(inference_dir), "metrics": [
-        {"metric": {"_target_": "espnet3.systems.esp2_asr.metrics.wer.WER"}, "inputs": {"ref": "ref", "hyp": "hyp"}}]})
-    since = datetime.now(timezone.utc)
+    config = OmegaConf.create(
+        {
+            "inference_dir": str(inference_dir),
+            "metrics": [
+                {
+                    "metric": {"_target_": "espnet3.systems.esp2_asr.metrics.wer.WER"},
+                    "inputs": {"ref": "ref", "hyp": "hyp"},
+                }
+            ],
+        }
+    )
+    since = datetime.now(UTC)
     first = measure(config)
     written = (inference_dir / "metrics.json").read_bytes()
     assert list(next(iter(first.values()))) == ["test", "valid"]  # upstream's order: folders sorted
@@ -113,10 +126,18 @@ def test_dropin_measure_with_dataset_inputs_reruns_only_when_the_dataset_changed
 
     (tmp_path / "model.ckpt").write_text("0\n")
     icfg = OmegaConf.create(word_config(tmp_path, n=6))
-    mcfg = OmegaConf.create({"inference_dir": icfg.inference_dir, "metrics": [
-        {"metric": {"_target_": "espnet3.systems.esp2_asr.metrics.wer.WER"},
-         "inputs": {"ref": "dataset:text", "hyp": "hyp"}}]})
-    since = datetime.now(timezone.utc)
+    mcfg = OmegaConf.create(
+        {
+            "inference_dir": icfg.inference_dir,
+            "metrics": [
+                {
+                    "metric": {"_target_": "espnet3.systems.esp2_asr.metrics.wer.WER"},
+                    "inputs": {"ref": "dataset:text", "hyp": "hyp"},
+                }
+            ],
+        }
+    )
+    since = datetime.now(UTC)
     infer(icfg)
     first = measure(mcfg, inference_config=icfg)
     assert measure(mcfg, inference_config=icfg) == first

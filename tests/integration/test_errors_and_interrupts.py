@@ -39,8 +39,11 @@ def test_bad_input_is_not_retried_and_stops_the_other_shards(prefect_server, tmp
 
 def test_input_key_typo_fails_once_before_any_shard(prefect_server, tmp_path):
     cfg = toy_config(tmp_path, n=12, num_shards=3)
-    with pytest.raises(Exception, match="input_key: 'audio' is not a field of the items of test set 'test_a' "
-                                        r"\(item 0 has: text, utt_id, x\)"):
+    with pytest.raises(
+        Exception,
+        match="input_key: 'audio' is not a field of the items of test set 'test_a' "
+        r"\(item 0 has: text, utt_id, x\)",
+    ):
         run_infer(tmp_path, cfg, overrides=["input_key=audio"])
     assert read_lines(tmp_path / "forward.log") == []  # no shard ran
 
@@ -56,9 +59,16 @@ def test_ctrl_c_keeps_every_finished_shard(tmp_path):
     # (as `nohup ... &` users expect) and the CLI would never see it: the child gets the default.
     # A terminal's Ctrl-C goes to its whole foreground process group (the local workers too): the CLI
     # runs in a group of its own here, and the group gets the signal.
-    proc = subprocess.Popen([*CLI, "infer", "--config", str(path)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [*CLI, "infer", "--config", str(path)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     out = tmp_path / "inference/test_a"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(list(out.glob("split.*/done"))) < 3 and proc.poll() is None:
@@ -66,16 +76,24 @@ def test_ctrl_c_keeps_every_finished_shard(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-2000:]
-    assert stderr.rstrip().splitlines()[-1] == ("error: interrupted; finished shards are kept and a re-run "
-                                                "resumes from them")
+    assert stderr.rstrip().splitlines()[-1] == (
+        "error: interrupted; finished shards are kept and a re-run resumes from them"
+    )
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr  # no worker's traceback
-    for teardown in ("Crash detected", "Finished in state Crashed", "Async instruction", "EventsWorker", "cancel_jobs_hook"):
+    for teardown in (
+        "Crash detected",
+        "Finished in state Crashed",
+        "Async instruction",
+        "EventsWorker",
+        "cancel_jobs_hook",
+    ):
         assert teardown not in stderr, stderr  # after the Ctrl-C: our one line, nothing of the teardown
     done = sorted(int(p.parent.name.split(".")[1]) for p in out.glob("split.*/done"))
     assert 3 <= len(done) < 8, done  # interrupted mid-run, every finished shard marked done
     (tmp_path / "forward.log").unlink()
-    proc = subprocess.run([*CLI, "infer", "--config", str(path)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"{8 - len(done)} shards run, {len(done)} cached" in proc.stdout
     rerun = sorted({int(line.split()[1]) // 3 for line in read_lines(tmp_path / "forward.log")})

@@ -14,33 +14,43 @@ from distributed.comm.core import CommClosedError
 
 from espnet3_prefect.execution.backends import forkserver
 from espnet3_prefect.execution.cluster import open_task_runner
-from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, TASK_PRELOAD
 from espnet3_prefect.execution.spec import ParallelSpec
+from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, TASK_PRELOAD
 from espnet3_prefect.tasks import preload
 
-USER_PRELOAD = '''
+USER_PRELOAD = """
 import sys
 def dask_setup(worker):
     worker.user_preload_saw = {"ours_done": hasattr(worker, "espnet3_prefect_warmed"),
                                "prefect_loaded": "prefect.task_engine" in sys.modules}
-'''
+"""
 
 
 def _runner(tmp_path, n_workers: int, **options):
-    spec = ParallelSpec.from_config({"env": "local", "n_workers": n_workers,
-                                     "options": {"dashboard_address": None, **options}})
-    return open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test"),
-                            worker_preload=TASK_PRELOAD, forkserver_preload=FORKSERVER_PRELOAD)
+    spec = ParallelSpec.from_config(
+        {"env": "local", "n_workers": n_workers, "options": {"dashboard_address": None, **options}}
+    )
+    return open_task_runner(
+        spec,
+        log_root=tmp_path,
+        logger=logging.getLogger("test"),
+        worker_preload=TASK_PRELOAD,
+        forkserver_preload=FORKSERVER_PRELOAD,
+    )
 
 
 def _state(dask_worker) -> dict:
     import prefect.settings
 
-    return {"pid": os.getpid(), "ppid": os.getppid(), "warmed": getattr(dask_worker, preload.WARMED, None),
-            "loaded": [name for name in preload.MODULES if name in sys.modules],
-            "user": getattr(dask_worker, "user_preload_saw", None),
-            "env": {k: os.environ.get(k) for k in ("E3P_T_NEW", "E3P_T_GONE", "E3P_T_USER")},
-            "api_url": prefect.settings.get_current_settings().api.url}
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "warmed": getattr(dask_worker, preload.WARMED, None),
+        "loaded": [name for name in preload.MODULES if name in sys.modules],
+        "user": getattr(dask_worker, "user_preload_saw", None),
+        "env": {k: os.environ.get(k) for k in ("E3P_T_NEW", "E3P_T_GONE", "E3P_T_USER")},
+        "api_url": prefect.settings.get_current_settings().api.url,
+    }
 
 
 def _set_global(value: str) -> None:

@@ -93,11 +93,16 @@ def test_env_is_built_once_per_worker(prefect_server, tmp_path):
     assert worker_pids <= set(builds)  # every forward ran on a worker that built once
 
 
-@pytest.mark.parametrize("bad, expected", [
-    ({3: "no_input"}, "item 3 (utt_id='utt00003'): dataset item has no input_key 'x'"),
-    ({4: "space_id"}, "utt_id 'utt 4': must be a plain token (no whitespace"),
-])
-def test_bad_items_fail_naming_the_utterance_and_publish_nothing_for_that_shard(prefect_server, tmp_path, bad, expected):
+@pytest.mark.parametrize(
+    "bad, expected",
+    [
+        ({3: "no_input"}, "item 3 (utt_id='utt00003'): dataset item has no input_key 'x'"),
+        ({4: "space_id"}, "utt_id 'utt 4': must be a plain token (no whitespace"),
+    ],
+)
+def test_bad_items_fail_naming_the_utterance_and_publish_nothing_for_that_shard(
+    prefect_server, tmp_path, bad, expected
+):
     cfg = toy_config(tmp_path, n=10, num_shards=2, bad=bad)
     with pytest.raises(Exception) as err:
         run_infer(tmp_path, cfg)
@@ -117,6 +122,7 @@ def test_forward_output_that_is_not_a_dict_is_rejected(prefect_server, tmp_path)
 def test_task_runs_are_named_after_shards_and_artifacts_are_published(prefect_server, tmp_path):
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
     from espnet3_prefect.flows.infer import infer
 
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=6, num_shards=3))
@@ -126,8 +132,13 @@ def test_task_runs_are_named_after_shards_and_artifacts_are_published(prefect_se
         task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
         artifacts = client.read_artifacts()
     names = {t.name for t in task_runs}
-    assert {"run-shard-test_a-0", "run-shard-test_a-1", "run-shard-test_a-2", "merge-test_a",
-            "build-env-test_a"} <= names
+    assert {
+        "run-shard-test_a-0",
+        "run-shard-test_a-1",
+        "run-shard-test_a-2",
+        "merge-test_a",
+        "build-env-test_a",
+    } <= names
     assert not any(n.startswith("write-done-marker") for n in names)  # each shard marks itself done
     mine = [a for a in artifacts if a.flow_run_id == flow_run_id]
     assert {a.type for a in mine} >= {"table", "progress"}
@@ -141,8 +152,9 @@ def test_lengths_balance_the_plan_prefetch_keeps_outputs_and_timing_reaches_the_
     the summary says where the shards' time went."""
     import json
 
-    [plain] = run_infer(tmp_path / "plain", toy_config(tmp_path / "plain", n=20, num_shards=4),
-                        overrides=["+runner.prefetch=0"])
+    [plain] = run_infer(
+        tmp_path / "plain", toy_config(tmp_path / "plain", n=20, num_shards=4), overrides=["+runner.prefetch=0"]
+    )
     expected = (tmp_path / "plain/inference/test_a/y.scp").read_bytes()
     assert plain["timing"]["load_s"] is None  # prefetch off: loading is inside forward
     cfg = toy_config(tmp_path, n=20, num_shards=4)

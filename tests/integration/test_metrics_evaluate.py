@@ -41,15 +41,21 @@ def known_errors_dir(root):
 
 
 def metrics_cfg(tmp_path, inference_dir, metrics=None, **extra):
-    cfg = {"inference_dir": str(inference_dir),
-           "metrics": metrics or [{"metric": {"_target_": WER_T, "clean_types": None}, "inputs": REF_HYP},
-                                  {"metric": {"_target_": CER_T}, "inputs": ["ref", "hyp"]}]}
+    cfg = {
+        "inference_dir": str(inference_dir),
+        "metrics": metrics
+        or [
+            {"metric": {"_target_": WER_T, "clean_types": None}, "inputs": REF_HYP},
+            {"metric": {"_target_": CER_T}, "inputs": ["ref", "hyp"]},
+        ],
+    }
     cfg.update(extra)
     return write_yaml(tmp_path / "metrics.yaml", cfg)
 
 
 def test_metrics_flow_known_errors_layout_alignments_and_artifact(prefect_server, tmp_path):
     from prefect import get_client
+
     from espnet3_prefect.flows.metrics import metrics
 
     out = known_errors_dir(tmp_path)
@@ -57,8 +63,10 @@ def test_metrics_flow_known_errors_layout_alignments_and_artifact(prefect_server
     results = state.result()
     text = (out / "metrics.json").read_text(encoding="utf-8")
     assert text == json.dumps(results, indent=2, ensure_ascii=False)  # ESPnet3's bytes: no final newline
-    assert results == {WER_T: {"test_a": {"WER": 75.0}, "test_b": {"WER": 50.0}},
-                       CER_T: {"test_a": {"CER": 76.92}, "test_b": {"CER": 12.5}}}
+    assert results == {
+        WER_T: {"test_a": {"WER": 75.0}, "test_b": {"WER": 50.0}},
+        CER_T: {"test_a": {"CER": 76.92}, "test_b": {"CER": 12.5}},
+    }
     assert list(results) == [WER_T, CER_T] and list(results[WER_T]) == ["test_a", "test_b"]
     alignment = (out / "test_a" / "wer_alignment").read_text()
     assert "=== SENTENCE 2 ===\n\nREF: d e f g\nHYP: . * * *\n     S D D D\n" in alignment
@@ -74,13 +82,20 @@ def test_custom_metrics_by_target_list_inputs_and_listed_test_sets(prefect_serve
     from espnet3_prefect.flows.metrics import metrics
 
     out = known_errors_dir(tmp_path)
-    cfg = metrics_cfg(tmp_path, out, metrics=[
-        {"metric": {"_target_": "tests.helpers.wordrecipe.UttCount", "field": "hyp"}, "inputs": ["hyp"]},
-        {"metric": {"_target_": "tests.helpers.wordrecipe.ExactMatch"}},
-    ], dataset={"test": [{"name": "test_a"}]})
+    cfg = metrics_cfg(
+        tmp_path,
+        out,
+        metrics=[
+            {"metric": {"_target_": "tests.helpers.wordrecipe.UttCount", "field": "hyp"}, "inputs": ["hyp"]},
+            {"metric": {"_target_": "tests.helpers.wordrecipe.ExactMatch"}},
+        ],
+        dataset={"test": [{"name": "test_a"}]},
+    )
     results = metrics(config=[str(cfg)])
-    assert results == {"tests.helpers.wordrecipe.UttCount": {"test_a": {"UTTS": 3, "empty": 1}},
-                       "tests.helpers.wordrecipe.ExactMatch": {"test_a": {"exact": 0.0, "first_ref": "a b c"}}}
+    assert results == {
+        "tests.helpers.wordrecipe.UttCount": {"test_a": {"UTTS": 3, "empty": 1}},
+        "tests.helpers.wordrecipe.ExactMatch": {"test_a": {"exact": 0.0, "first_ref": "a b c"}},
+    }
 
 
 def test_mismatched_utt_ids_fail_the_run_on_one_line_and_write_no_metrics_json(prefect_server, tmp_path):
@@ -115,13 +130,19 @@ def test_dataset_inputs_are_written_once_per_test_set_and_reused(prefect_server,
     for name, n in (("dev", 7), ("eval", 3)):  # what infer would write: hyps only, the second word dropped
         rows = [WordDataset(n)[i] for i in range(n)]
         (out / name).mkdir(parents=True)
-        (out / name / "hyp.scp").write_text("".join(
-            f"{r['utt_id']} {' '.join(w for k, w in enumerate(r['text'].split()) if k != 1)}\n" for r in rows))
-    cfg = metrics_cfg(tmp_path, out, metrics=[
-        {"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}},
-        {"metric": {"_target_": CER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}},
-        {"metric": {"_target_": "tests.helpers.metrics_recipes.WordStats"}, "inputs": {"hyp": "hyp"}},
-    ], dataset={"test": [{"name": "eval"}, {"name": "dev"}]})
+        (out / name / "hyp.scp").write_text(
+            "".join(f"{r['utt_id']} {' '.join(w for k, w in enumerate(r['text'].split()) if k != 1)}\n" for r in rows)
+        )
+    cfg = metrics_cfg(
+        tmp_path,
+        out,
+        metrics=[
+            {"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}},
+            {"metric": {"_target_": CER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}},
+            {"metric": {"_target_": "tests.helpers.metrics_recipes.WordStats"}, "inputs": {"hyp": "hyp"}},
+        ],
+        dataset={"test": [{"name": "eval"}, {"name": "dev"}]},
+    )
     state = metrics(config=[str(cfg)], inference_config=[str(ipath)], return_state=True)
     results = state.result()
     # dev: 7 sentences of 3, 4, 6, 1, 5, 3, 4 words, one dropped from each but "hello": 6 of 26
@@ -144,8 +165,11 @@ def test_a_failing_dataset_column_fails_the_run_on_one_line(prefect_server, tmp_
     ipath = write_yaml(tmp_path / "inference.yaml", word_config(tmp_path, n=3))
     (tmp_path / "inference" / "dev").mkdir(parents=True)
     (tmp_path / "inference" / "dev" / "hyp.scp").write_text("w0000 a\nw0001 b\nw0002 c\n")
-    cfg = metrics_cfg(tmp_path, tmp_path / "inference", metrics=[
-        {"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:transcript", "hyp": "hyp"}}])
+    cfg = metrics_cfg(
+        tmp_path,
+        tmp_path / "inference",
+        metrics=[{"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:transcript", "hyp": "hyp"}}],
+    )
     with pytest.raises(Exception) as err:
         metrics(config=[str(cfg)], inference_config=[str(ipath)])
     message = str(err.value)
@@ -159,9 +183,9 @@ def _png_ok(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, size = 8, None
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(kind + body)
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        assert struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])[0] == zlib.crc32(kind + body)
         if kind == b"IHDR":
             size = struct.unpack(">II", body[:8])
         if kind == b"IDAT":
@@ -173,14 +197,17 @@ def _png_ok(data: bytes) -> tuple[int, int]:
 
 def test_evaluate_history_cache_and_a_new_checkpoint(prefect_server, tmp_path):
     from prefect import get_client
+
     from espnet3_prefect.flows.evaluate import evaluate
 
     ckpt = tmp_path / "model.ckpt"
     ckpt.write_text("0\n")
     icfg = write_yaml(tmp_path / "inference.yaml", word_config(tmp_path, n=25, checkpoint=ckpt))
     # the reference is the dataset's own column: evaluate passes its inference config to metrics
-    mcfg = write_yaml(tmp_path / "metrics.yaml", {"metrics": [{"metric": {"_target_": WER_T},
-                                                               "inputs": {"ref": "dataset:text", "hyp": "hyp"}}]})
+    mcfg = write_yaml(
+        tmp_path / "metrics.yaml",
+        {"metrics": [{"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}}]},
+    )
     args = {"infer_config": [str(icfg)], "metrics_config": [str(mcfg)]}
 
     first = evaluate(**args)
@@ -235,7 +262,9 @@ def test_evaluate_scores_test_sets_in_upstream_measure_order(tmp_path):
     cfg = word_config(tmp_path)
     cfg["dataset"]["test"] = [{"name": "valid", "n": 5}, {"name": "test", "n": 5}]
     icfg = write_yaml(tmp_path / "inference.yaml", cfg)
-    mcfg = write_yaml(tmp_path / "metrics.yaml", {"metrics": [{"metric": {"_target_": WER_T},
-                                                               "inputs": {"ref": "dataset:text", "hyp": "hyp"}}]})
+    mcfg = write_yaml(
+        tmp_path / "metrics.yaml",
+        {"metrics": [{"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}}]},
+    )
     plan = plan_evaluation([str(icfg)], [str(mcfg)])
     assert plan["metrics_plan"].test_sets == ["test", "valid"]

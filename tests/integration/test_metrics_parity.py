@@ -21,15 +21,18 @@ from pathlib import Path
 import pytest
 
 from espnet3_prefect.pipeline.layout import METRICS_RECORD_NAME
-
 from tests.conftest import ROOT, write_yaml
 from tests.helpers.metrics_recipes import build_inference_dir, write_dataset_hyps, write_scp
 
 PARITY_PYTHON = os.environ.get("E3P_PARITY_PYTHON") or str(ROOT / ".venv-parity" / "bin" / "python")
-pytestmark = [pytest.mark.parity, pytest.mark.slow,
-              pytest.mark.skipif(not Path(PARITY_PYTHON).is_file(),  # decided before the server starts
-                                 reason=f"no ESPnet3 venv: set E3P_PARITY_PYTHON or run scripts/parity_setup.sh "
-                                        f"({PARITY_PYTHON} missing)")]
+pytestmark = [
+    pytest.mark.parity,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not Path(PARITY_PYTHON).is_file(),  # decided before the server starts
+        reason=f"no ESPnet3 venv: set E3P_PARITY_PYTHON or run scripts/parity_setup.sh ({PARITY_PYTHON} missing)",
+    ),
+]
 
 WER_T = "espnet3.systems.esp2_asr.metrics.wer.WER"
 CER_T = "espnet3.systems.esp2_asr.metrics.cer.CER"
@@ -54,8 +57,9 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _oracle(python: str, mode: str, metrics_yaml: Path, inference_dir: Path, inference_yaml: Path | None,
-            expect_ok: bool = True) -> subprocess.CompletedProcess:
+def _oracle(
+    python: str, mode: str, metrics_yaml: Path, inference_dir: Path, inference_yaml: Path | None, expect_ok: bool = True
+) -> subprocess.CompletedProcess:
     argv = [python, "-m", "tests.helpers.metrics_recipes", mode, str(metrics_yaml), f"inference_dir={inference_dir}"]
     if inference_yaml is not None:
         argv += ["--inference-config", str(inference_yaml)]
@@ -72,11 +76,17 @@ def _oracle(python: str, mode: str, metrics_yaml: Path, inference_dir: Path, inf
 
 def _scp_case(root: Path) -> tuple[Path, Path, None]:
     src = build_inference_dir(root)  # errors, empty hyps, non-ASCII, 2345 utterances, a hidden folder
-    metrics_yaml = write_yaml(root / "metrics.yaml", {"inference_dir": "set-per-run", "metrics": [
-        {"metric": {"_target_": WER_T, "clean_types": None}, "inputs": {"ref": "ref", "hyp": "hyp"}},
-        {"metric": {"_target_": CER_T}, "inputs": ["ref", "hyp"]},
-        {"metric": {"_target_": STATS_T, "scale": 2.0}, "inputs": {"hyp": "hyp"}},
-    ]})
+    metrics_yaml = write_yaml(
+        root / "metrics.yaml",
+        {
+            "inference_dir": "set-per-run",
+            "metrics": [
+                {"metric": {"_target_": WER_T, "clean_types": None}, "inputs": {"ref": "ref", "hyp": "hyp"}},
+                {"metric": {"_target_": CER_T}, "inputs": ["ref", "hyp"]},
+                {"metric": {"_target_": STATS_T, "scale": 2.0}, "inputs": {"hyp": "hyp"}},
+            ],
+        },
+    )
     return src, metrics_yaml, None
 
 
@@ -84,19 +94,33 @@ def _dataset_case(root: Path) -> tuple[Path, Path, Path]:
     tests = {"zeta": 1200, "alpha": 7}  # listed out of order; 1200 rows: two chunks
     src = root / "inference"
     write_dataset_hyps(src, tests)
-    inference_yaml = write_yaml(root / "inference.yaml", {
-        "inference_dir": str(src), "idx_key": "utt_id",
-        "dataset": {"_target_": "tests.helpers.metrics_recipes.ParityOrganizer",
-                    "test": [{"name": name, "n": n} for name, n in tests.items()]},
-        "provider": {"_target_": "espnet3.systems.base.inference_provider.InferenceProvider"}})
-    metrics_yaml = write_yaml(root / "metrics.yaml", {
-        "inference_dir": "set-per-run", "dataset": {"test": [{"name": name} for name in tests]},
-        "metrics": [
-            {"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:text", "hyp": "text"}},
-            {"metric": {"_target_": CER_T, "clean_types": ["korean_cleaner"]},
-             "inputs": {"ref": "dataset:text", "hyp": "text"}},
-            {"metric": {"_target_": STATS_T}, "inputs": {"hyp": "text", "ref": "dataset:n_words"}},
-        ]})
+    inference_yaml = write_yaml(
+        root / "inference.yaml",
+        {
+            "inference_dir": str(src),
+            "idx_key": "utt_id",
+            "dataset": {
+                "_target_": "tests.helpers.metrics_recipes.ParityOrganizer",
+                "test": [{"name": name, "n": n} for name, n in tests.items()],
+            },
+            "provider": {"_target_": "espnet3.systems.base.inference_provider.InferenceProvider"},
+        },
+    )
+    metrics_yaml = write_yaml(
+        root / "metrics.yaml",
+        {
+            "inference_dir": "set-per-run",
+            "dataset": {"test": [{"name": name} for name in tests]},
+            "metrics": [
+                {"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:text", "hyp": "text"}},
+                {
+                    "metric": {"_target_": CER_T, "clean_types": ["korean_cleaner"]},
+                    "inputs": {"ref": "dataset:text", "hyp": "text"},
+                },
+                {"metric": {"_target_": STATS_T}, "inputs": {"hyp": "text", "ref": "dataset:n_words"}},
+            ],
+        },
+    )
     return src, metrics_yaml, inference_yaml
 
 
@@ -109,8 +133,11 @@ def test_metrics_json_and_artifacts_equal_upstream_measure(parity_python, prefec
     for dst in runs.values():
         shutil.copytree(src, dst)
     _oracle(parity_python, "measure", metrics_yaml, runs["upstream"], inference_yaml)
-    metrics(config=[str(metrics_yaml)], overrides=[f"inference_dir={runs['ours']}"],
-            inference_config=[str(inference_yaml)] if inference_yaml else None)
+    metrics(
+        config=[str(metrics_yaml)],
+        overrides=[f"inference_dir={runs['ours']}"],
+        inference_config=[str(inference_yaml)] if inference_yaml else None,
+    )
     _oracle(parity_python, "ours", metrics_yaml, runs["ours_with_espnet3"], inference_yaml)
 
     expected = _tree(runs["upstream"])
@@ -121,8 +148,7 @@ def test_metrics_json_and_artifacts_equal_upstream_measure(parity_python, prefec
         assert "zeta/dataset/text.scp" in produced and "alpha/dataset/n_words.scp" in produced
     else:
         # 2345 rows: three chunks, jiwer numbers each from 1 (it skips correct sentences: row 0 is)
-        assert (runs["upstream"] / "big" / "wer_alignment").read_text(encoding="utf-8").count(
-            "=== SENTENCE 2 ===") == 3
+        assert (runs["upstream"] / "big" / "wer_alignment").read_text(encoding="utf-8").count("=== SENTENCE 2 ===") == 3
     for name in ("ours", "ours_with_espnet3"):
         got = _tree(runs[name])
         # besides upstream's files, our one hidden record of what metrics.json was computed from (none
@@ -141,8 +167,13 @@ def test_no_references_fails_in_both_and_writes_no_metrics_json(parity_python, p
     write_scp(src / "empty" / "ref.scp", [])
     write_scp(src / "empty" / "hyp.scp", [])
     (src / "empty" / "ref.scp").write_text("\n   \n")
-    metrics_yaml = write_yaml(tmp_path / "metrics.yaml", {"inference_dir": "set-per-run", "metrics": [
-        {"metric": {"_target_": WER_T}, "inputs": {"ref": "ref", "hyp": "hyp"}}]})
+    metrics_yaml = write_yaml(
+        tmp_path / "metrics.yaml",
+        {
+            "inference_dir": "set-per-run",
+            "metrics": [{"metric": {"_target_": WER_T}, "inputs": {"ref": "ref", "hyp": "hyp"}}],
+        },
+    )
     up, ours = tmp_path / "upstream" / "inference", tmp_path / "ours" / "inference"
     shutil.copytree(src, up)
     shutil.copytree(src, ours)

@@ -44,7 +44,7 @@ def _need(var: str, check: list[str], what: str, service: str) -> str:
     missing = pytest.fail if os.environ.get("E3P_REQUIRE_BACKENDS") == "1" else pytest.skip
     value = os.environ.get(var)
     if not value:
-        missing(f"{what} not configured (${var} unset): run eval \"$(tests/infra/up.sh {service})\" first")
+        missing(f'{what} not configured (${var} unset): run eval "$(tests/infra/up.sh {service})" first')
     if not _answers(check):
         missing(f"{what} does not answer ({' '.join(check)} failed): run tests/infra/up.sh {service}")
     return value
@@ -64,21 +64,38 @@ def sge():
 @pytest.fixture(scope="session")
 def sshd():
     port = _need("E3P_SSH_PORT", ["true"], "the private sshd", "sshd")
-    return {"port": int(port), "key": os.environ["E3P_SSH_KEY"], "known_hosts": os.environ["E3P_SSH_KNOWN_HOSTS"],
-            "user": os.environ.get("E3P_SSH_USER", "root"), "host": os.environ.get("E3P_SSH_HOST", "127.0.0.1")}
+    return {
+        "port": int(port),
+        "key": os.environ["E3P_SSH_KEY"],
+        "known_hosts": os.environ["E3P_SSH_KNOWN_HOSTS"],
+        "user": os.environ.get("E3P_SSH_USER", "root"),
+        "host": os.environ.get("E3P_SSH_HOST", "127.0.0.1"),
+    }
 
 
-@pytest.fixture(scope="session", params=[pytest.param("slurm", marks=pytest.mark.slurm),
-                                         pytest.param("sge", marks=pytest.mark.sge)])
+@pytest.fixture(
+    scope="session", params=[pytest.param("slurm", marks=pytest.mark.slurm), pytest.param("sge", marks=pytest.mark.sge)]
+)
 def batch_backend(request):
     return request.getfixturevalue(request.param)
 
 
 def batch_parallel(backend: dict, n_workers: int = 2, num_shards: int | None = None, **options) -> dict:
     """A parallel block for the local scheduler: 1 core per job, loopback interface."""
-    return {"env": backend["env"], "n_workers": n_workers, "num_shards": num_shards, "options": {
-        "queue": backend["queue"], "cores": 1, "processes": 1, "memory": "1GB", "interface": "lo",
-        "walltime": "00:10:00", **options}}
+    return {
+        "env": backend["env"],
+        "n_workers": n_workers,
+        "num_shards": num_shards,
+        "options": {
+            "queue": backend["queue"],
+            "cores": 1,
+            "processes": 1,
+            "memory": "1GB",
+            "interface": "lo",
+            "walltime": "00:10:00",
+            **options,
+        },
+    }
 
 
 def queue_jobs(env: str) -> list[tuple[str, str]]:
@@ -114,8 +131,11 @@ def run_tag(flow_run_id: str) -> str:
 
 
 def dtmf_outputs(inference_dir: Path) -> dict:
-    return {f"{t}/{f}": (inference_dir / t / f).read_bytes()
-            for t in ("test_clean", "test_noisy") for f in ("hyp.scp", "ref.scp")}
+    return {
+        f"{t}/{f}": (inference_dir / t / f).read_bytes()
+        for t in ("test_clean", "test_noisy")
+        for f in ("hyp.scp", "ref.scp")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +158,11 @@ def test_demo_on_the_batch_scheduler_matches_local_and_leaves_no_job(batch_backe
     extra = write_yaml(root / f"parallel_{backend}.yaml", {"parallel": batch_parallel(sched, num_shards=6)})
     from espnet3_prefect.flows.infer import infer
 
-    state = infer(config=[str(conf), str(extra)], overrides=[f"exp_dir={root}", f"inference_dir={root}/{backend}"],
-                  return_state=True)
+    state = infer(
+        config=[str(conf), str(extra)],
+        overrides=[f"exp_dir={root}", f"inference_dir={root}/{backend}"],
+        return_state=True,
+    )
     summaries = state.result()
     tag = run_tag(state.state_details.flow_run_id)
     assert dtmf_outputs(root / backend) == reference  # byte-identical to env local
@@ -148,7 +171,10 @@ def test_demo_on_the_batch_scheduler_matches_local_and_leaves_no_job(batch_backe
         assert all(j.isdigit() for j in summary["jobs"]), summary["jobs"]  # SLURM_JOB_ID / JOB_ID inside the shards
     logs = root / backend / ".dask-jobs" / f"e3p-{tag}"
     log_names = " ".join(p.name for p in logs.iterdir())
-    assert all(j in log_names for s in summaries for j in s["jobs"]), (log_names, summaries)  # the shards ran in our jobs
+    assert all(j in log_names for s in summaries for j in s["jobs"]), (
+        log_names,
+        summaries,
+    )  # the shards ran in our jobs
     assert wait_no_jobs(backend, tag, timeout_s=0) == []
 
 
@@ -181,7 +207,9 @@ def test_a_rejected_submission_is_one_line_and_leaves_no_job(slurm, prefect_serv
     state, flow_run_id = run_flow(tmp_path, cfg)
     assert state.is_failed()
     message = str(state.message)
-    assert "parallel.env 'slurm': the scheduler rejected the worker jobs: sbatch: error: invalid partition" in message, message
+    assert (
+        "parallel.env 'slurm': the scheduler rejected the worker jobs: sbatch: error: invalid partition" in message
+    ), message
     assert wait_no_jobs("slurm", run_tag(flow_run_id), timeout_s=0) == []
 
 
@@ -234,8 +262,9 @@ def test_a_shard_killed_by_the_walltime_reruns_on_a_fresh_job(slurm, prefect_ser
     # the walltime (1 min, enforced within 30 s) in the middle of a 96 s shard; the shard runs again
     # on a replacement job, quickly for the items the killed attempt finished.
     cfg = _slow_toy(tmp_path, n=16, num_shards=2, delay_s=12, slow_once=True)
-    cfg["parallel"] = batch_parallel(slurm, n_workers=2, num_shards=2, walltime="00:01:00",
-                                     worker_extra_args=["--lifetime", "10m"])
+    cfg["parallel"] = batch_parallel(
+        slurm, n_workers=2, num_shards=2, walltime="00:01:00", worker_extra_args=["--lifetime", "10m"]
+    )
     state, flow_run_id = run_flow(tmp_path, cfg)
     assert state.is_completed(), state.message
     lines = (tmp_path / "inference/test_a/y.scp").read_text().splitlines()
@@ -257,10 +286,19 @@ def test_cancelling_a_deployment_run_cancels_its_jobs(slurm, prefect_server, tmp
     path = write_yaml(tmp_path / "inference.yaml", cfg)
     name = f"cancel-{tmp_path.name}"
     serve = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from espnet3_prefect.flows.infer import infer; "
-                               "infer.serve(name=sys.argv[1], print_starting_message=False)", name],
-        cwd=ROOT, env={**os.environ}, stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from espnet3_prefect.flows.infer import infer; "
+            "infer.serve(name=sys.argv[1], print_starting_message=False)",
+            name,
+        ],
+        cwd=ROOT,
+        env={**os.environ},
+        stdout=open(tmp_path / "serve.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         flow_run, tag = start_served_run(name, path, serve, tmp_path, serve_timeout_s=60)
         ours = [j for j in queue_jobs("slurm") if j[1] == f"e3p-{tag}"]
@@ -288,15 +326,24 @@ def test_ssh_cluster_over_the_private_sshd_matches_local(sshd, prefect_server, t
     cfg = toy_config(tmp_path / "ssh", n=23, num_shards=5)
     cfg["runner"]["_target_"] = "tests.helpers.toy.JobRecordingRunner"
     cfg["provider"]["params"]["job_log"] = str(tmp_path / "ssh_pids.log")
-    connect = {"port": sshd["port"], "username": sshd["user"], "client_keys": [sshd["key"]],
-               "known_hosts": sshd["known_hosts"]}  # host key checked against the sshd's key
-    cfg["parallel"] = {"env": "ssh", "n_workers": 2, "num_shards": 5,
-                       "options": {"hosts": [sshd["host"], sshd["host"]], "connect_options": connect}}
+    connect = {
+        "port": sshd["port"],
+        "username": sshd["user"],
+        "client_keys": [sshd["key"]],
+        "known_hosts": sshd["known_hosts"],
+    }  # host key checked against the sshd's key
+    cfg["parallel"] = {
+        "env": "ssh",
+        "n_workers": 2,
+        "num_shards": 5,
+        "options": {"hosts": [sshd["host"], sshd["host"]], "connect_options": connect},
+    }
     state, _ = run_flow(tmp_path / "ssh", cfg)
     assert state.is_completed(), state.message
     for name in ("y.scp", "ref.scp"):
-        assert (tmp_path / f"ssh/inference/test_a/{name}").read_bytes() == \
-            (tmp_path / f"local/inference/test_a/{name}").read_bytes()
+        assert (tmp_path / f"ssh/inference/test_a/{name}").read_bytes() == (
+            tmp_path / f"local/inference/test_a/{name}"
+        ).read_bytes()
     pids = {line.split()[1] for line in read_lines(tmp_path / "ssh_pids.log")}
     assert pids and str(os.getpid()) not in pids
 
@@ -306,10 +353,19 @@ def test_ssh_unknown_host_key_is_a_one_line_error(sshd, prefect_server, tmp_path
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     cfg = toy_config(tmp_path, n=4, num_shards=1)
-    cfg["parallel"] = {"env": "ssh", "n_workers": 1, "options": {
-        "hosts": [sshd["host"], sshd["host"]],
-        "connect_options": {"port": sshd["port"], "username": sshd["user"], "client_keys": [sshd["key"]],
-                            "known_hosts": str(empty)}}}
+    cfg["parallel"] = {
+        "env": "ssh",
+        "n_workers": 1,
+        "options": {
+            "hosts": [sshd["host"], sshd["host"]],
+            "connect_options": {
+                "port": sshd["port"],
+                "username": sshd["user"],
+                "client_keys": [sshd["key"]],
+                "known_hosts": str(empty),
+            },
+        },
+    }
     state, _ = run_flow(tmp_path, cfg)
     assert state.is_failed()
     assert "Host key is not trusted" in str(state.message)

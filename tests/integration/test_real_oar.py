@@ -37,7 +37,14 @@ import pytest
 from tests.conftest import ROOT, toy_config, write_yaml
 from tests.helpers.toy import read_lines
 from tests.integration.test_real_backends import (  # noqa: F401 (dtmf_local is a fixture)
-    _need, _slow_toy, batch_parallel, dtmf_local, dtmf_outputs, run_tag, start_served_run)
+    _need,
+    _slow_toy,
+    batch_parallel,
+    dtmf_local,
+    dtmf_outputs,
+    run_tag,
+    start_served_run,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +55,13 @@ RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"  # util-linux; /usr/sbi
 def oar():
     user = _need("E3P_OAR_USER", ["oarstat", "-J"], "OAR", "oar")
     state = Path(os.environ.get("E3P_INFRA_DIR") or "/tmp/e3p-infra") / "oar"
-    return {"env": "oar", "queue": os.environ.get("E3P_OAR_QUEUE", "default"), "user": user, "state": state,
-            "memory_property": os.environ.get("E3P_OAR_MEMCORE_PROPERTY", "memcore")}
+    return {
+        "env": "oar",
+        "queue": os.environ.get("E3P_OAR_QUEUE", "default"),
+        "user": user,
+        "state": state,
+        "memory_property": os.environ.get("E3P_OAR_MEMCORE_PROPERTY", "memcore"),
+    }
 
 
 def _as_user(user: str, cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -73,21 +85,25 @@ def oar_python(oar):
 
     def runs(python: str) -> tuple[bool, str]:
         done = _as_user(oar["user"], [python, *probe], cwd="/", timeout=180)
-        return done.returncode == 0 and done.stdout.strip() == espnet3_prefect.__file__, \
-            (done.stderr.strip().splitlines() or ["?"])[-1]
+        return done.returncode == 0 and done.stdout.strip() == espnet3_prefect.__file__, (
+            done.stderr.strip().splitlines() or ["?"]
+        )[-1]
 
     ok, why = runs(sys.executable)
     if ok:
         return sys.executable
     base = "/usr/bin/python3"
     try:
-        version = subprocess.run([base, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
-                                 text=True, timeout=30).stdout.strip()
+        version = subprocess.run(
+            [base, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
     except OSError:
         version = ""
     if version != str(tuple(sys.version_info[:2])):
-        missing(f"user {oar['user']} cannot run {sys.executable} ({why}) and {base} is not Python "
-                f"{sys.version_info[0]}.{sys.version_info[1]}: make a venv readable by that user")
+        missing(
+            f"user {oar['user']} cannot run {sys.executable} ({why}) and {base} is not Python "
+            f"{sys.version_info[0]}.{sys.version_info[1]}: make a venv readable by that user"
+        )
     paths = sysconfig.get_paths()
     key = hashlib.sha1(f"{sys.prefix}|{base}".encode()).hexdigest()[:10]
     venv = oar["state"] / f"python-{key}"
@@ -95,9 +111,12 @@ def oar_python(oar):
     if not (venv.is_dir() and runs(python)[0]):
         building = Path(tempfile.mkdtemp(prefix=".python-", dir=oar["state"]))
         subprocess.run([base, "-m", "venv", "--without-pip", str(building)], check=True, timeout=120)
-        site = subprocess.run([str(building / "bin" / "python"), "-c", "import sysconfig; "
-                               "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        site = subprocess.run(
+            [str(building / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         adds = "; ".join(f"site.addsitedir({p!r})" for p in dict.fromkeys([paths["purelib"], paths["platlib"]]))
         Path(site, "e3p-project-venv.pth").write_text(f"import site; {adds}\n")
         building.chmod(0o755)
@@ -105,9 +124,11 @@ def oar_python(oar):
         building.rename(venv)
         ok, why = runs(python)
         if not ok:
-            missing(f"user {oar['user']} cannot import this project with {python} ({why}): "
-                    f"the checkout {ROOT} and {sys.prefix} must be readable by that user (oar_up.sh "
-                    f"lets it reach the checkout; a venv elsewhere: E3P_OAR_READ_PATHS={sys.prefix})")
+            missing(
+                f"user {oar['user']} cannot import this project with {python} ({why}): "
+                f"the checkout {ROOT} and {sys.prefix} must be readable by that user (oar_up.sh "
+                f"lets it reach the checkout; a venv elsewhere: E3P_OAR_READ_PATHS={sys.prefix})"
+            )
     return python
 
 
@@ -132,18 +153,29 @@ def oar_env(work: Path) -> dict[str, str]:
     """What the submit user's process gets: no PWD (oarsub reads the job's folder from it, and a
     driver must not depend on one; without the fix the real OAR refused every job), no root env."""
     (work / ".tmp").mkdir(exist_ok=True)  # TMPDIR: a Prefect runner's /tmp/runner_storage may be root's
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(ROOT),
-            "TMPDIR": str(work / ".tmp"), "PREFECT_API_URL": os.environ["PREFECT_API_URL"],
-            "PREFECT_HOME": str(work / ".prefect")}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": str(ROOT),
+        "TMPDIR": str(work / ".tmp"),
+        "PREFECT_API_URL": os.environ["PREFECT_API_URL"],
+        "PREFECT_HOME": str(work / ".prefect"),
+    }
 
 
 def oar_cli(oar: dict, python: str, work: Path, *args: str, timeout_s: float = 300) -> tuple[int, str]:
     """``espnet3-prefect <args>`` as the submit user in ``work``: (exit code, stdout + stderr)."""
     env = oar_env(work)
     _give(work, oar["user"])
-    done = subprocess.run([RUNUSER, "-u", oar["user"], "--", python, "-m", "espnet3_prefect.cli", *args],
-                          cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout_s)
+    done = subprocess.run(
+        [RUNUSER, "-u", oar["user"], "--", python, "-m", "espnet3_prefect.cli", *args],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s,
+    )
     return done.returncode, done.stdout
 
 
@@ -154,8 +186,9 @@ def flow_run_id_in(output: str) -> str:
 
 
 def oar_parallel(oar: dict, n_workers: int = 2, num_shards: int | None = None, **options) -> dict:
-    return batch_parallel(oar, n_workers, num_shards,
-                          **{"memory_per_core_property_name": oar["memory_property"], **options})
+    return batch_parallel(
+        oar, n_workers, num_shards, **{"memory_per_core_property_name": oar["memory_property"], **options}
+    )
 
 
 def oar_jobs(*args: str) -> dict[str, dict]:
@@ -182,8 +215,7 @@ def shard_job_ids(flow_run_id: str) -> set[str]:
 
 
 @pytest.mark.oar
-def test_oar_demo_matches_local_with_logs_names_and_no_job_left(oar, oar_python, prefect_server, dtmf_local,
-                                                                  oar_work):
+def test_oar_demo_matches_local_with_logs_names_and_no_job_left(oar, oar_python, prefect_server, dtmf_local, oar_work):
     from espnet3_prefect.cli.cluster_script import cluster_preview
     from espnet3_prefect.config.load import load_config
 
@@ -238,12 +270,20 @@ def test_oar_failed_flow_cancels_its_jobs(oar, oar_python, prefect_server, oar_w
 
 
 @pytest.mark.oar
-@pytest.mark.parametrize("options, words", [
-    ({"memory": "4TB"}, "There are not enough resources for your request"),
-    ({"memory_per_core_property_name": "mem_core"}, 'Bad resource request (ERROR: column "mem_core" does not exist'),
-], ids=["too-much-memory", "unknown-property"])
-def test_oar_rejected_submission_fails_at_once_with_oars_words(oar, oar_python, prefect_server, oar_work,
-                                                               options, words):
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"memory": "4TB"}, "There are not enough resources for your request"),
+        (
+            {"memory_per_core_property_name": "mem_core"},
+            'Bad resource request (ERROR: column "mem_core" does not exist',
+        ),
+    ],
+    ids=["too-much-memory", "unknown-property"],
+)
+def test_oar_rejected_submission_fails_at_once_with_oars_words(
+    oar, oar_python, prefect_server, oar_work, options, words
+):
     cfg = toy_config(oar_work, n=4, num_shards=1)
     cfg["parallel"] = oar_parallel(oar, **options)
     path = write_yaml(oar_work / "inference.yaml", cfg)
@@ -269,11 +309,23 @@ def test_oar_cancelling_a_deployment_run_cancels_its_jobs(oar, oar_python, prefe
     _give(oar_work, oar["user"])
     name = f"cancel-{oar_work.name}"
     serve = subprocess.Popen(
-        [RUNUSER, "-u", oar["user"], "--", oar_python, "-c",
-         "import sys; from espnet3_prefect.flows.infer import infer; "
-         "infer.serve(name=sys.argv[1], print_starting_message=False)", name],
-        cwd=oar_work, env=env, stdout=open(oar_work / "serve.log", "wb"), stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [
+            RUNUSER,
+            "-u",
+            oar["user"],
+            "--",
+            oar_python,
+            "-c",
+            "import sys; from espnet3_prefect.flows.infer import infer; "
+            "infer.serve(name=sys.argv[1], print_starting_message=False)",
+            name,
+        ],
+        cwd=oar_work,
+        env=env,
+        stdout=open(oar_work / "serve.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     tag = None
     try:
         flow_run, tag = start_served_run(name, path, serve, oar_work, serve_timeout_s=90)

@@ -86,8 +86,13 @@ def test_killed_flow_process_resumes_unfinished_shards_and_crashes_the_stale_run
     cfg["model"]["sleep_s"] = 0.25
     path = write_yaml(tmp_path / "inference.yaml", cfg)
     code = f"from espnet3_prefect.flows.infer import infer; infer(config=[{str(path)!r}])"
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     out = tmp_path / "inference/test_a"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(list(out.glob("split.*/done"))) < 2:
@@ -102,6 +107,7 @@ def test_killed_flow_process_resumes_unfinished_shards_and_crashes_the_stale_run
     assert summary["shards_cached"] == done_before and summary["shards_run"] == 6 - done_before
     assert (out / "y.scp").read_text() == EXPECTED(24)
     from prefect import get_client
+
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(stale["flow_run_id"]).state.type.value == "CRASHED"
 
@@ -174,7 +180,7 @@ def test_unwritable_or_full_inference_dir_fails_before_compute(prefect_server, t
     with pytest.raises(ConfigError, match="inference_dir: cannot write to .*a_file/inference/test_a: Not a directory"):
         run_infer(tmp_path, cfg)
     cfg = toy_config(tmp_path, n=4, num_shards=1)
-    cfg["runner"]["min_free_mb"] = 10 ** 12
+    cfg["runner"]["min_free_mb"] = 10**12
     with pytest.raises(ConfigError, match="inference_dir: only \\d+ MB free on .*runner.min_free_mb asks for"):
         run_infer(tmp_path, cfg)
     assert not (tmp_path / "builds.log").exists()

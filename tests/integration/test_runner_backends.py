@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect import set_parallel
-
-from espnet3_prefect.execution import process_parallel as parallel_config
 from dtmf_demo.dtmf import make_corpus
+from espnet3_prefect import set_parallel
+from espnet3_prefect.execution import process_parallel as parallel_config
 from tests.conftest import ROOT, write_yaml
 from tests.helpers.workloads import LogProvider, SquareRunner, forward_jobs
 from tests.integration.test_real_backends import batch_parallel, queue_jobs, slurm  # noqa: F401 - fixture

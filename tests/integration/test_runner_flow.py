@@ -89,8 +89,14 @@ def _script(tmp_path, out, parallel):
     path = tmp_path / "prep.py"
     path.write_text(textwrap.dedent(SCRIPT))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(path), str(out), json.dumps(parallel)], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(path), str(out), json.dumps(parallel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
 
@@ -128,7 +134,7 @@ def test_explicit_index_list_in_any_order_resumes_and_a_new_list_redoes(prefect_
 
     (tmp_path / "out/split.2/done").unlink()
     assert run(runner, order, parallel=LOCAL2) == lines  # only that shard again
-    assert sorted(forward_calls(log)[len(order):]) == [0, 5]
+    assert sorted(forward_calls(log)[len(order) :]) == [0, 5]
 
     assert run(runner, [1, 2], parallel=LOCAL2) == ["1 1", "2 4"]  # another list: another plan, redone
     assert not (tmp_path / "out/split.2").exists()  # shards beyond the new plan are gone
@@ -164,8 +170,9 @@ def test_subflow_of_a_user_flow_chains_steps_in_one_run(prefect_server, tmp_path
 
     parent = state.state_details.flow_run_id
     with get_client(sync_client=True) as client:
-        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent])))
+        children = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent]))
+        )
     assert sorted(c.name for c in children) == ["SquareRunner", "SquareRunner"]
     assert all(c.state.is_completed() for c in children)
 
@@ -184,8 +191,7 @@ def test_worker_killed_mid_shard_completes_with_identical_output(prefect_server,
     flag = tmp_path / "killed"
     log = tmp_path / "log"
     clean = run(SquareRunner(LogProvider({}), None, tmp_path / "clean"), range(20), parallel=LOCAL2)
-    runner = SquareRunner(LogProvider({"kill_once_at": 12, "flag": str(flag), "log": str(log)}), None,
-                          tmp_path / "out")
+    runner = SquareRunner(LogProvider({"kill_once_at": 12, "flag": str(flag), "log": str(log)}), None, tmp_path / "out")
     assert run(runner, range(20), parallel=LOCAL2) == clean
     assert flag.exists()  # the worker did die mid-shard
     assert (tmp_path / "out/out.txt").read_bytes() == (tmp_path / "clean/out.txt").read_bytes()
@@ -227,7 +233,8 @@ class Cells(BaseRunner):
 
 @flow(name="notebook-recipe")
 def recipe():
-    return run(Cells(Provider({"k": 2}), None, "out"), range(10), parallel={"env": "local", "n_workers": 2, "num_shards": 3})
+    parallel = {"env": "local", "n_workers": 2, "num_shards": 3}
+    return run(Cells(Provider({"k": 2}), None, "out"), range(10), parallel=parallel)
 
 state = recipe(return_state=True)
 print("RESULT", state.result())
@@ -243,11 +250,22 @@ def test_notebook_code_in_a_user_flow_on_prefects_own_temporary_api(tmp_path):
     """No PREFECT_API_URL: the user's flow runs on Prefect's temporary server, and the workers of the
     run-runner subflow report to that same API (their task runs are listed there)."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path / "prefect-home"),
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(NOTEBOOK)], capture_output=True, text=True,
-                          timeout=480, env=env, cwd=tmp_path)
+    env.update(
+        PYTHONPATH=str(ROOT),
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(NOTEBOOK)],
+        capture_output=True,
+        text=True,
+        timeout=480,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULT 3" in proc.stdout
-    assert ("CHILD Cells COMPLETED build-env-Cells,merge-Cells,run-shard-Cells-0,run-shard-Cells-1,run-shard-Cells-2"
-            in proc.stdout)
+    assert (
+        "CHILD Cells COMPLETED build-env-Cells,merge-Cells,run-shard-Cells-0,run-shard-Cells-1,run-shard-Cells-2"
+        in proc.stdout
+    )

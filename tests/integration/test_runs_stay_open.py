@@ -31,13 +31,20 @@ def test_keep_server_on_a_finished_stage_points_at_the_run_that_wrote_it(tmp_pat
 
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=6, n_workers=1, num_shards=2))
     env = {**cli_env(tmp_path / "home"), "ESPNET3_PREFECT_REGISTRY": os.environ["ESPNET3_PREFECT_REGISTRY"]}
-    first = subprocess.run([*CLI, "infer", "--config", str(cfg)], env=env, capture_output=True, text=True,
-                           timeout=300, cwd=tmp_path)
+    first = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     [(port, run_id)] = re.findall(r"View at " + LINK, first.stderr)
     assert writer_runs([tmp_path / "inference"]) == [run_id]
-    kept = subprocess.run([*CLI, "infer", "--config", str(cfg), "--keep-server"], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    kept = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg), "--keep-server"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert kept.returncode == 0, kept.stderr[-3000:]
     assert "Beginning flow run" not in kept.stderr  # no new, empty flow run
     assert re.findall(LINK, kept.stderr) == [(port, run_id)], kept.stderr  # same port, the run that wrote it

@@ -90,7 +90,7 @@ class Watch(threading.Thread):
                     self.probed.append(f"probe failed: {exc}")
             self._halt.wait(self.every_s)
 
-    def stop(self) -> "Watch":
+    def stop(self) -> Watch:
         self._halt.set()
         self.join(30)
         return self
@@ -101,8 +101,9 @@ def status_of(api_url: str, auth_string: str | None, cafile: str | None = None) 
     verified with ``cafile``)."""
     import ssl
 
-    request = urllib.request.Request(f"{api_url}/flow_runs/filter", data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{api_url}/flow_runs/filter", data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+    )
     if auth_string:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth_string.encode()).decode())
     context = ssl.create_default_context(cafile=cafile) if api_url.startswith("https://") else None
@@ -122,8 +123,11 @@ def recorded(creds) -> dict:
         tasks = {t.name: t.state_type.value for t in client.read_task_runs()}
         ids = [f.id for f in flow_runs]
         logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids))) if ids else []
-    return {"tasks": tasks, "parameters": json.dumps([f.parameters for f in flow_runs], default=str),
-            "logs": "\n".join(log.message for log in logs)}
+    return {
+        "tasks": tasks,
+        "parameters": json.dumps([f.parameters for f in flow_runs], default=str),
+        "logs": "\n".join(log.message for log in logs),
+    }
 
 
 def texts_under(*folders: Path) -> dict[str, str]:
@@ -131,8 +135,12 @@ def texts_under(*folders: Path) -> dict[str, str]:
     found = {}
     for folder in folders:
         for path in folder.rglob("*"):
-            if (path.is_file() and not path.name.startswith(("api-client", ".api-client"))
-                    and "prefect_home" not in path.parts and "api-tls" not in path.parts):
+            if (
+                path.is_file()
+                and not path.name.startswith(("api-client", ".api-client"))
+                and "prefect_home" not in path.parts
+                and "api-tls" not in path.parts
+            ):
                 found[str(path)] = path.read_text(errors="replace")
     return found
 
@@ -142,8 +150,11 @@ def assert_nowhere(secret: str | list[str], **places) -> None:
     secrets = [secret] if isinstance(secret, str) else secret
     assert secrets and all(secrets)
     for name, text in places.items():
-        blob = "\n".join(text) if isinstance(text, (set, list, tuple)) else (
-            "\n".join(f"{k}\n{v}" for k, v in text.items()) if isinstance(text, dict) else str(text))
+        blob = (
+            "\n".join(text)
+            if isinstance(text, (set, list, tuple))
+            else ("\n".join(f"{k}\n{v}" for k, v in text.items()) if isinstance(text, dict) else str(text))
+        )
         assert blob, f"nothing collected for {name}"
         for one in secrets:
             assert one not in blob, f"the {'credential' if isinstance(secret, str) else 'server key'} appears in {name}"
@@ -162,8 +173,10 @@ def ui_settings(ui_url: str, creds) -> dict:
     """The UI's ``/ui-settings`` over HTTPS (where the browser's UI finds its API)."""
     import ssl
 
-    request = urllib.request.Request(f"{ui_url}/ui-settings", headers={
-        "Authorization": "Basic " + base64.b64encode(creds.auth_string.encode()).decode()})
+    request = urllib.request.Request(
+        f"{ui_url}/ui-settings",
+        headers={"Authorization": "Basic " + base64.b64encode(creds.auth_string.encode()).decode()},
+    )
     context = ssl.create_default_context(cafile=creds.ssl_cert_file)
     with urllib.request.urlopen(request, timeout=30, context=context) as response:
         return json.loads(response.read())
@@ -173,47 +186,79 @@ def test_cli_serves_beyond_loopback_over_https_with_auth(tmp_path):
     address = non_loopback_address()
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=8, num_shards=2))
     home = tmp_path / "home"
-    refused = subprocess.run([*CLI, "infer", "--config", str(cfg), "--server-host", address, "--no-server-auth"],
-                             env=cli_env(home), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    refused = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg), "--server-host", address, "--no-server-auth"],
+        env=cli_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert refused.returncode == 2 and refused.stderr.startswith(
-        f"error: refusing to serve the Prefect API on {address} without auth"), refused.stderr
+        f"error: refusing to serve the Prefect API on {address} without auth"
+    ), refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and not (home / "server.json").exists()
 
     watch = Watch()
     watch.start()
     try:
-        proc = subprocess.run([*CLI, "infer", "--config", str(cfg), "--server-host", address, "--keep-server"],
-                              env=cli_env(home), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+        proc = subprocess.run(
+            [*CLI, "infer", "--config", str(cfg), "--server-host", address, "--keep-server"],
+            env=cli_env(home),
+            capture_output=True,
+            text=True,
+            timeout=400,
+            cwd=tmp_path,
+        )
         watch.stop()
         assert proc.returncode == 0, proc.stderr[-3000:]
         info = json.loads((home / "server.json").read_text())
         creds = read_client_file(client_file(home))
         tls = tls_files(home)
         assert oct((home / "api-client.json").stat().st_mode & 0o777) == "0o600"
-        assert info["auth"] is True and creds.api_url == info["api_url"] and creds.api_url.startswith(f"https://{address}:")
+        assert (
+            info["auth"] is True
+            and creds.api_url == info["api_url"]
+            and creds.api_url.startswith(f"https://{address}:")
+        )
         assert creds.ssl_cert_file == tls["ca"] == info["ssl_cert_file"]
-        assert (f"Prefect API: {creds.api_url} (HTTPS, verified with {tls['ca']}; basic auth; credential in "
-                f"{home / 'api-client.json'}, mode 0600)" in proc.stderr), proc.stderr[-2000:]
+        assert (
+            f"Prefect API: {creds.api_url} (HTTPS, verified with {tls['ca']}; basic auth; credential in "
+            f"{home / 'api-client.json'}, mode 0600)" in proc.stderr
+        ), proc.stderr[-2000:]
         assert_only_both_get_in(probe(creds.api_url, creds.auth_string, creds.ssl_cert_file))
         assert status_of(creds.api_url, "espnet3:wrong", creds.ssl_cert_file) == 401
         assert ui_settings(info["ui_url"], creds)["api_url"] == creds.api_url  # the UI's API is https:// too
         seen = recorded(creds)
-        assert seen["tasks"].get("run-shard-test_a-0") == "COMPLETED" and seen["tasks"].get("run-shard-test_a-1") == "COMPLETED"
-        places = dict(cli_output=proc.stdout + proc.stderr, flow_run_parameters=seen["parameters"],
-                      flow_run_logs=seen["logs"], command_lines=watch.cmdlines,
-                      our_files=texts_under(home, tmp_path / "inference"), server_log=(home / "server.log").read_text())
+        assert (
+            seen["tasks"].get("run-shard-test_a-0") == "COMPLETED"
+            and seen["tasks"].get("run-shard-test_a-1") == "COMPLETED"
+        )
+        places = dict(
+            cli_output=proc.stdout + proc.stderr,
+            flow_run_parameters=seen["parameters"],
+            flow_run_logs=seen["logs"],
+            command_lines=watch.cmdlines,
+            our_files=texts_under(home, tmp_path / "inference"),
+            server_log=(home / "server.log").read_text(),
+        )
         assert_nowhere(creds.auth_string, **places)
         assert_nowhere(tls["key_lines"], **places)
         secret_part = creds.auth_string.split(":", 1)[1]
         assert not any(secret_part in line for line in watch.cmdlines)
-        stop = subprocess.run([*CLI, "servers", "--stop", str(info["pid"])], env=cli_env(home), capture_output=True,
-                              text=True, timeout=120)
+        stop = subprocess.run(
+            [*CLI, "servers", "--stop", str(info["pid"])],
+            env=cli_env(home),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert not client_file(home).exists()  # no stale credential left behind
         assert not tls["folder"].exists()  # nor the server's key
     finally:
-        from espnet3_prefect.server.embedded import stop_server
         from espnet3_prefect._internal.util import read_json
+        from espnet3_prefect.server.embedded import stop_server
 
         kept = read_json(home / "server.json")
         if kept:
@@ -244,6 +289,7 @@ def test_https_is_the_users_choice_plain_beyond_loopback_or_https_on_loopback(tm
 
 # -- batch schedulers: one authed server for the module, the CLI reuses it --------------------------
 
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A server on this machine's non-loopback address with HTTPS and auth, as ``--server-host`` starts it."""
@@ -257,7 +303,13 @@ def served(tmp_path_factory):
     try:
         creds = read_client_file(client_file(home))
         assert creds.api_url.startswith("https://") and creds.ssl_cert_file
-        yield {"home": home, "address": address, "info": info, "creds": creds, "key_lines": tls_files(home)["key_lines"]}
+        yield {
+            "home": home,
+            "address": address,
+            "info": info,
+            "creds": creds,
+            "key_lines": tls_files(home)["key_lines"],
+        }
     finally:
         stop_server(info["pid"])
         forget_server(home, info["pid"], info["api_url"])
@@ -274,8 +326,11 @@ def job_probe(env: str, tag_prefix: str = "e3p-"):
             if not name.startswith(tag_prefix) or job_id in asked:
                 continue
             asked.add(job_id)
-            commands = ([["scontrol", "show", "job", "-dd", job_id], ["scontrol", "write", "batch_script", job_id, "-"]]
-                        if env == "slurm" else [["qstat", "-j", job_id]])
+            commands = (
+                [["scontrol", "show", "job", "-dd", job_id], ["scontrol", "write", "batch_script", job_id, "-"]]
+                if env == "slurm"
+                else [["qstat", "-j", job_id]]
+            )
             for command in commands:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=30)
                 out.append(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}")
@@ -297,8 +352,14 @@ def test_batch_workers_record_task_runs_through_the_client_file(scheduler, serve
     cfg["parallel"] = batch_parallel(scheduler, n_workers=2, num_shards=2)
     path = write_yaml(tmp_path / "inference.yaml", cfg)
     run_env = cli_env(home)
-    script = subprocess.run([*CLI, "cluster-script", "--config", str(path)], capture_output=True, text=True, timeout=120,
-                            env={**run_env, **creds.environ(), "ESPNET3_PREFECT_CLIENT_FILE": creds.source}, cwd=tmp_path)
+    script = subprocess.run(
+        [*CLI, "cluster-script", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**run_env, **creds.environ(), "ESPNET3_PREFECT_CLIENT_FILE": creds.source},
+        cwd=tmp_path,
+    )
     assert script.returncode == 0, script.stderr
     assert f"export ESPNET3_PREFECT_CLIENT_FILE={creds.source}" in script.stdout
     assert "--preload espnet3_prefect.execution.worker_api" in script.stdout
@@ -306,23 +367,40 @@ def test_batch_workers_record_task_runs_through_the_client_file(scheduler, serve
 
     watch = Watch(job_probe(env))
     watch.start()
-    proc = subprocess.run([*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
-                          env=run_env, capture_output=True, text=True, timeout=500, cwd=tmp_path)
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+        cwd=tmp_path,
+    )
     watch.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"Prefect API: {creds.api_url} (HTTPS, verified with {creds.ssl_cert_file}; basic auth; credential in" in proc.stderr
+    assert (
+        f"Prefect API: {creds.api_url} (HTTPS, verified with {creds.ssl_cert_file}; basic auth; credential in"
+        in proc.stderr
+    )
     jobs = {line.split()[0] for line in (tmp_path / "jobs.log").read_text().splitlines()}
     assert jobs and all(j.isdigit() for j in jobs), jobs  # the items were computed inside batch jobs
-    assert any(f"$ {'scontrol show job' if env == 'slurm' else 'qstat -j'}" in text and
-               any(j in text for j in jobs) for text in watch.probed), watch.probed
+    assert any(
+        f"$ {'scontrol show job' if env == 'slurm' else 'qstat -j'}" in text and any(j in text for j in jobs)
+        for text in watch.probed
+    ), watch.probed
     seen = recorded(creds)
     shards = {name: state for name, state in seen["tasks"].items() if name.startswith("run-shard-test_a")}
     assert len(shards) >= 2 and set(shards.values()) == {"COMPLETED"}, seen["tasks"]
     assert_only_both_get_in(probe(creds.api_url, creds.auth_string, creds.ssl_cert_file))
-    places = dict(cluster_script=script.stdout + script.stderr, cli_output=proc.stdout + proc.stderr,
-                  scheduler_views=watch.probed, command_lines=watch.cmdlines, flow_run_parameters=seen["parameters"],
-                  flow_run_logs=seen["logs"], job_logs_and_outputs=texts_under(tmp_path / "inference"),
-                  server_log=(home / "server.log").read_text())
+    places = dict(
+        cluster_script=script.stdout + script.stderr,
+        cli_output=proc.stdout + proc.stderr,
+        scheduler_views=watch.probed,
+        command_lines=watch.cmdlines,
+        flow_run_parameters=seen["parameters"],
+        flow_run_logs=seen["logs"],
+        job_logs_and_outputs=texts_under(tmp_path / "inference"),
+        server_log=(home / "server.log").read_text(),
+    )
     assert_nowhere(creds.auth_string, **places)
     assert_nowhere(served["key_lines"], **places)
 
@@ -332,15 +410,24 @@ def test_a_client_file_the_node_cannot_read_fails_the_run_on_one_line(slurm, ser
     cfg = toy_config(tmp_path, n=4, num_shards=1)
     missing = tmp_path / "not-on-this-node" / "api-client.json"
     # As if the state dir were not on a filesystem the compute node mounts: the job looks elsewhere.
-    cfg["parallel"] = batch_parallel(slurm, n_workers=1, num_shards=1,
-                                     job_script_prologue=[f"export ESPNET3_PREFECT_CLIENT_FILE={missing}"])
+    cfg["parallel"] = batch_parallel(
+        slurm, n_workers=1, num_shards=1, job_script_prologue=[f"export ESPNET3_PREFECT_CLIENT_FILE={missing}"]
+    )
     path = write_yaml(tmp_path / "inference.yaml", cfg)
     started = time.monotonic()
-    proc = subprocess.run([*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
-                          env=cli_env(served["home"]), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
+        env=cli_env(served["home"]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1
-    line = (f"espnet3-prefect worker: Prefect client file {missing}: missing (is the state dir on a filesystem "
-            f"this node sees?)")
+    line = (
+        f"espnet3-prefect worker: Prefect client file {missing}: missing (is the state dir on a filesystem "
+        f"this node sees?)"
+    )
     assert line in proc.stderr, proc.stderr[-3000:]
     assert "ended before a Dask worker connected" in proc.stderr
     assert time.monotonic() - started < 240
@@ -358,13 +445,24 @@ def test_a_server_of_your_own_over_https_with_your_ca_serves_batch_workers(slurm
     cfg["parallel"] = batch_parallel(slurm, n_workers=1, num_shards=2)
     path = write_yaml(tmp_path / "inference.yaml", cfg)
     home = tmp_path / "own-home"
-    env = {**cli_env(home), "PREFECT_API_URL": creds.api_url, "PREFECT_API_AUTH_STRING": creds.auth_string,
-           "PREFECT_API_SSL_CERT_FILE": creds.ssl_cert_file}
-    tls_flag = subprocess.run([*CLI, "infer", "--config", str(path), "--server-tls"], env=env, capture_output=True,
-                              text=True, timeout=120, cwd=tmp_path)
+    env = {
+        **cli_env(home),
+        "PREFECT_API_URL": creds.api_url,
+        "PREFECT_API_AUTH_STRING": creds.auth_string,
+        "PREFECT_API_SSL_CERT_FILE": creds.ssl_cert_file,
+    }
+    tls_flag = subprocess.run(
+        [*CLI, "infer", "--config", str(path), "--server-tls"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert tls_flag.returncode != 0 and "--server-tls: PREFECT_API_URL is set" in tls_flag.stderr
-    proc = subprocess.run([*CLI, "infer", "--config", str(path)], env=env, capture_output=True, text=True,
-                          timeout=500, cwd=tmp_path)
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(path)], env=env, capture_output=True, text=True, timeout=500, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     external = read_client_file(home / "api-client-external.json")
     assert (external.api_url, external.ssl_cert_file) == (creds.api_url, creds.ssl_cert_file)
@@ -381,15 +479,29 @@ def test_ssh_workers_record_task_runs_through_the_client_file(sshd, served, tmp_
     cfg = toy_config(tmp_path, n=6, num_shards=2)
     cfg["runner"]["_target_"] = "tests.helpers.toy.JobRecordingRunner"
     cfg["provider"]["params"].update(job_log=str(tmp_path / "pids.log"))
-    connect = {"port": sshd["port"], "username": sshd["user"], "client_keys": [sshd["key"]],
-               "known_hosts": sshd["known_hosts"]}
-    cfg["parallel"] = {"env": "ssh", "n_workers": 1, "num_shards": 2,
-                       "options": {"hosts": [sshd["host"], sshd["host"]], "connect_options": connect}}
+    connect = {
+        "port": sshd["port"],
+        "username": sshd["user"],
+        "client_keys": [sshd["key"]],
+        "known_hosts": sshd["known_hosts"],
+    }
+    cfg["parallel"] = {
+        "env": "ssh",
+        "n_workers": 1,
+        "num_shards": 2,
+        "options": {"hosts": [sshd["host"], sshd["host"]], "connect_options": connect},
+    }
     path = write_yaml(tmp_path / "inference.yaml", cfg)
     watch = Watch()
     watch.start()
-    proc = subprocess.run([*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
-                          env=cli_env(served["home"]), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(path), "--server-host", served["address"]],
+        env=cli_env(served["home"]),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
     watch.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
     pids = {line.split()[1] for line in (tmp_path / "pids.log").read_text().splitlines()}
@@ -400,14 +512,19 @@ def test_ssh_workers_record_task_runs_through_the_client_file(sshd, served, tmp_
     assert not any("PREFECT_API_SSL_CERT_FILE" in env for env in remote)  # nor the certificate's path
     seen = recorded(creds)
     assert sum(1 for n, st in seen["tasks"].items() if n.startswith("run-shard-test_a") and st == "COMPLETED") >= 2
-    places = dict(cli_output=proc.stdout + proc.stderr, command_lines=watch.cmdlines,
-                  remote_environments=[json.dumps(env) for env in watch.dask_spec_environs],
-                  flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"])
+    places = dict(
+        cli_output=proc.stdout + proc.stderr,
+        command_lines=watch.cmdlines,
+        remote_environments=[json.dumps(env) for env in watch.dask_spec_environs],
+        flow_run_parameters=seen["parameters"],
+        flow_run_logs=seen["logs"],
+    )
     assert_nowhere(creds.auth_string, **places)
     assert_nowhere(served["key_lines"], **places)
 
 
 # -- a worker in its own network namespace --------------------------------------------------------
+
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
@@ -437,7 +554,6 @@ def netns():
         _ip("netns", "delete", name, check=False)
 
 
-
 def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_path):
     from distributed import Client
 
@@ -459,17 +575,52 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
     plain = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "ESPNET3_PREFECT"))}
     procs = []
     try:
-        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", netns["host"],
-                                       "--port", str(port), "--dashboard-address", "127.0.0.1:0"], env=plain,
-                                      stdout=subprocess.DEVNULL, stderr=open(tmp_path / "scheduler.log", "wb"),
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "distributed.cli.dask_scheduler",
+                    "--host",
+                    netns["host"],
+                    "--port",
+                    str(port),
+                    "--dashboard-address",
+                    "127.0.0.1:0",
+                ],
+                env=plain,
+                stdout=subprocess.DEVNULL,
+                stderr=open(tmp_path / "scheduler.log", "wb"),
+                start_new_session=True,
+            )
+        )
         worker_env = {**plain, "PYTHONPATH": str(ROOT), "ESPNET3_PREFECT_CLIENT_FILE": creds.source}
-        procs.append(subprocess.Popen(["ip", "netns", "exec", netns["name"], sys.executable, "-m",
-                                       "distributed.cli.dask_worker", scheduler_address, "--host", netns["worker"],
-                                       "--nthreads", "1", "--preload", "espnet3_prefect.execution.worker_api",
-                                       "--dashboard-address", "127.0.0.1:0"], env=worker_env,
-                                      stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "wb"),
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    netns["name"],
+                    sys.executable,
+                    "-m",
+                    "distributed.cli.dask_worker",
+                    scheduler_address,
+                    "--host",
+                    netns["worker"],
+                    "--nthreads",
+                    "1",
+                    "--preload",
+                    "espnet3_prefect.execution.worker_api",
+                    "--dashboard-address",
+                    "127.0.0.1:0",
+                ],
+                env=worker_env,
+                stdout=subprocess.DEVNULL,
+                stderr=open(tmp_path / "worker.log", "wb"),
+                start_new_session=True,
+            )
+        )
 
         def workers():
             try:
@@ -486,8 +637,14 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
         cfg["provider"]["params"].update(job_log=str(tmp_path / "jobs.log"))
         cfg["parallel"] = {"address": scheduler_address, "n_workers": 1, "num_shards": 2}
         path = write_yaml(tmp_path / "inference.yaml", cfg)
-        proc = subprocess.run([*CLI, "infer", "--config", str(path), "--server-host", netns["host"]],
-                              env=cli_env(home), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+        proc = subprocess.run(
+            [*CLI, "infer", "--config", str(path), "--server-host", netns["host"]],
+            env=cli_env(home),
+            capture_output=True,
+            text=True,
+            timeout=400,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:] + (tmp_path / "worker.log").read_text()[-2000:]
         pids = {int(line.split()[1]) for line in (tmp_path / "jobs.log").read_text().splitlines()}
         for pid in pids:  # every item was computed by a process in the namespace
@@ -497,15 +654,25 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
         assert len(shards) == 2 and set(shards.values()) == {"COMPLETED"}, seen["tasks"]
         assert_only_both_get_in(probe(creds.api_url, creds.auth_string, creds.ssl_cert_file))
         # From the namespace, over the veth pair: the same four answers.
-        reach = subprocess.run(["ip", "netns", "exec", netns["name"], sys.executable, "-m", "tests.helpers.https_api",
-                                creds.source], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                               env={**plain, "PYTHONPATH": str(ROOT)})
+        reach = subprocess.run(
+            ["ip", "netns", "exec", netns["name"], sys.executable, "-m", "tests.helpers.https_api", creds.source],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env={**plain, "PYTHONPATH": str(ROOT)},
+        )
         assert reach.returncode == 0, reach.stderr
         assert_only_both_get_in(json.loads(reach.stdout))
         watch.stop()
-        assert_nowhere(key, cli_output=proc.stdout + proc.stderr, command_lines=watch.cmdlines,
-                       flow_run_logs=seen["logs"], server_log=(home / "server.log").read_text(),
-                       worker_log=(tmp_path / "worker.log").read_text() + "(collected)")
+        assert_nowhere(
+            key,
+            cli_output=proc.stdout + proc.stderr,
+            command_lines=watch.cmdlines,
+            flow_run_logs=seen["logs"],
+            server_log=(home / "server.log").read_text(),
+            worker_log=(tmp_path / "worker.log").read_text() + "(collected)",
+        )
     finally:
         watch.stop()
         for proc in reversed(procs):
@@ -517,6 +684,7 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
 
 # -- deploy-local --host: the deployments' server, worker and flow runs with auth ------------------
 
+
 def test_deploy_local_beyond_loopback_over_https_with_auth_and_a_detached_run(tmp_path):
     from espnet3_prefect.server.embedded import free_port
 
@@ -527,20 +695,33 @@ def test_deploy_local_beyond_loopback_over_https_with_auth_and_a_detached_run(tm
     watch = Watch()
     watch.start()
     try:
-        proc = subprocess.run([*CLI, "deploy-local", "--host", address, "--port", str(free_port(address)),
-                               "--project-dir", str(project)], env=env, capture_output=True, text=True, timeout=500)
+        proc = subprocess.run(
+            [*CLI, "deploy-local", "--host", address, "--port", str(free_port(address)), "--project-dir", str(project)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=500,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         creds = read_client_file(client_file(home))
         tls = tls_files(home)
-        assert creds.api_url.startswith(f"https://{address}:") and f"export PREFECT_API_URL={creds.api_url}" in proc.stdout
-        assert f"UI:      {creds.api_url[:-len('/api')]}" in proc.stdout
+        assert (
+            creds.api_url.startswith(f"https://{address}:") and f"export PREFECT_API_URL={creds.api_url}" in proc.stdout
+        )
+        assert f"UI:      {creds.api_url[: -len('/api')]}" in proc.stdout
         assert f"auth:    basic auth; credential in {home / 'api-client.json'} (mode 0600)" in proc.stdout
         assert f"export PREFECT_API_SSL_CERT_FILE={tls['ca']}" in proc.stdout and creds.ssl_cert_file == tls["ca"]
         assert_only_both_get_in(probe(creds.api_url, creds.auth_string, creds.ssl_cert_file))
-        assert ui_settings(creds.api_url[:-len("/api")], creds)["api_url"] == creds.api_url
+        assert ui_settings(creds.api_url[: -len("/api")], creds)["api_url"] == creds.api_url
         cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=6, num_shards=2))
-        detached = subprocess.run([*CLI, "infer", "--detach", "--config", str(cfg)], env=env, cwd=tmp_path,
-                                  capture_output=True, text=True, timeout=120)
+        detached = subprocess.run(
+            [*CLI, "infer", "--detach", "--config", str(cfg)],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert detached.returncode == 0, detached.stderr[-3000:]
         run_id = detached.stdout.split("flow run id: ")[1].split()[0]
         assert f"watch:       PREFECT_API_SSL_CERT_FILE={tls['ca']} PREFECT_API_URL={creds.api_url}" in detached.stdout
@@ -552,9 +733,14 @@ def test_deploy_local_beyond_loopback_over_https_with_auth_and_a_detached_run(tm
         watch.stop()
         seen = recorded(creds)
         assert {"run-shard-test_a-0", "run-shard-test_a-1"} <= set(seen["tasks"]), seen["tasks"]
-        places = dict(cli_output=proc.stdout + proc.stderr + detached.stdout + detached.stderr,
-                      flow_run_parameters=seen["parameters"], flow_run_logs=seen["logs"], command_lines=watch.cmdlines,
-                      our_files=texts_under(home, tmp_path / "inference"), worker_log=(home / "worker.log").read_text())
+        places = dict(
+            cli_output=proc.stdout + proc.stderr + detached.stdout + detached.stderr,
+            flow_run_parameters=seen["parameters"],
+            flow_run_logs=seen["logs"],
+            command_lines=watch.cmdlines,
+            our_files=texts_under(home, tmp_path / "inference"),
+            worker_log=(home / "worker.log").read_text(),
+        )
         assert_nowhere(creds.auth_string, **places)
         assert_nowhere(tls["key_lines"], **places)
     finally:

@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import toy_config
-from tests.integration.test_real_backends import (batch_parallel, run_flow, run_tag, sge, slurm, sshd,  # noqa: F401
-                                                  wait_no_jobs)
+from tests.integration.test_real_backends import batch_parallel, run_flow, run_tag, sge, slurm, sshd, wait_no_jobs  # noqa: F401
 
 pytestmark = pytest.mark.slow
 PROBE_TIMEOUT_S = 150.0
@@ -57,8 +56,9 @@ def _refused(address: str, ca: str = "", cert: str = "", key: str = "") -> str |
     import sys
 
     try:
-        out = subprocess.run([sys.executable, "-c", _CONNECT, address, ca, cert, key], capture_output=True,
-                             text=True, timeout=90).stdout.strip()
+        out = subprocess.run(
+            [sys.executable, "-c", _CONNECT, address, ca, cert, key], capture_output=True, text=True, timeout=90
+        ).stdout.strip()
     except subprocess.TimeoutExpired:
         return "refused: no answer in 90 s"
     assert out.startswith(("refused:", "connected")), out
@@ -181,8 +181,9 @@ def scheduler(request):
     return request.getfixturevalue(request.param)
 
 
-def test_batch_run_over_tls_refuses_clients_without_the_run_certificate(scheduler, prefect_server, local_outputs,
-                                                                        tmp_path):
+def test_batch_run_over_tls_refuses_clients_without_the_run_certificate(
+    scheduler, prefect_server, local_outputs, tmp_path
+):
     env = scheduler["env"]
     cfg, gate = _gated_config(tmp_path, batch_parallel(scheduler, n_workers=2, num_shards=2))
     jobs_root = tmp_path / "inference" / ".dask-jobs"
@@ -224,10 +225,21 @@ def test_tls_false_runs_plain_tcp(slurm, prefect_server, local_outputs, tmp_path
 
 @pytest.mark.ssh
 def test_ssh_run_over_tls_keeps_the_key_off_command_lines(sshd, prefect_server, local_outputs, tmp_path):  # noqa: F811
-    connect = {"port": sshd["port"], "username": sshd["user"], "client_keys": [sshd["key"]],
-               "known_hosts": sshd["known_hosts"]}
-    cfg, gate = _gated_config(tmp_path, {"env": "ssh", "n_workers": 2, "num_shards": 2, "options": {
-        "hosts": [sshd["host"], sshd["host"]], "connect_options": connect}})
+    connect = {
+        "port": sshd["port"],
+        "username": sshd["user"],
+        "client_keys": [sshd["key"]],
+        "known_hosts": sshd["known_hosts"],
+    }
+    cfg, gate = _gated_config(
+        tmp_path,
+        {
+            "env": "ssh",
+            "n_workers": 2,
+            "num_shards": 2,
+            "options": {"hosts": [sshd["host"], sshd["host"]], "connect_options": connect},
+        },
+    )
     started = time.time()
     remote_dirs: set[str] = set()
     remote_modes: dict[str, tuple] = {}
@@ -235,14 +247,17 @@ def test_ssh_run_over_tls_keeps_the_key_off_command_lines(sshd, prefect_server, 
     def find():
         ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
         workers = [line for line in ps.splitlines() if "distributed.cli.dask_spec tls://" in line]
-        local = [d for d in glob.glob(os.path.join(tempfile.gettempdir(), "e3p-tls-*"))
-                 if os.stat(d).st_mtime >= started - 1]
+        local = [
+            d for d in glob.glob(os.path.join(tempfile.gettempdir(), "e3p-tls-*")) if os.stat(d).st_mtime >= started - 1
+        ]
         if len(workers) < 1 or not local:
             return None
         remote_dirs.update(re.findall(r'"tls_\w+_key": "([^"]+)/key.pem"', ps))
         for d in remote_dirs:  # the remote host is this machine: look at the copies
-            remote_modes[d] = (stat.S_IMODE(os.stat(d).st_mode),
-                               tuple(sorted(stat.S_IMODE(p.stat().st_mode) for p in Path(d).iterdir())))
+            remote_modes[d] = (
+                stat.S_IMODE(os.stat(d).st_mode),
+                tuple(sorted(stat.S_IMODE(p.stat().st_mode) for p in Path(d).iterdir())),
+            )
         return workers[0].split("dask_spec ", 1)[1].split()[0], local[0], {}
 
     probe = Probe(gate, find)

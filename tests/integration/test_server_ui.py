@@ -46,13 +46,19 @@ def test_a_runs_own_server_runs_only_what_a_run_uses_and_still_shows_all_of_it(t
     import time
 
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter,
-                                                FlowRunFilterId, LogFilter, LogFilterFlowRunId)
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
 
+    from espnet3_prefect._internal.util import read_json
     from espnet3_prefect.flows.infer import infer
     from espnet3_prefect.server.embedded import _flush_prefect, prefect_api
     from espnet3_prefect.server.services import RUN_ONLY_OFF
-    from espnet3_prefect._internal.util import read_json
     from tests.conftest import toy_config, write_yaml
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
@@ -77,13 +83,15 @@ def test_a_runs_own_server_runs_only_what_a_run_uses_and_still_shows_all_of_it(t
             while True:  # (not a wait for the recorder: it stopped with the first server)
                 runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
                 shards = sorted(r.name for r in runs if r.name.startswith("run-shard"))
-                if (len(shards) == 4 and all(r.state and r.state.is_completed() for r in runs)) \
-                        or time.monotonic() > deadline:
+                if (
+                    len(shards) == 4 and all(r.state and r.state.is_completed() for r in runs)
+                ) or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
             logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
             artifacts = client.read_artifacts(
-                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+            )
     assert shards == [f"run-shard-test_a-{i}" for i in range(4)]
     assert all(r.state.is_completed() for r in runs) and {"build-env"} <= {r.name.split("-test")[0] for r in runs}
     messages = "\n".join(log.message for log in logs)

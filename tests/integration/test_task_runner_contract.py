@@ -51,8 +51,9 @@ def api(request, prefect_server):
     if request.param == "settings":
         os.environ.pop("PREFECT_API_URL")  # the session's temporary_settings still hold the URL
     try:
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1",
-                                      **QUIET) as cluster:
+        with distributed.LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1", **QUIET
+        ) as cluster:
             yield request.param, cluster.scheduler_address
     finally:
         os.environ["PREFECT_API_URL"] = saved
@@ -157,10 +158,16 @@ def test_failures_reach_downstream_tasks_as_not_ready(runner):
         b.result()
     for upstream, waiting in ((b, c), (c, d)):
         assert waiting.is_pending() and waiting.name == "NotReady"
-        assert f"Upstream task run '{upstream.state_details.task_run_id}' did not reach a 'COMPLETED' state" \
+        assert (
+            f"Upstream task run '{upstream.state_details.task_run_id}' did not reach a 'COMPLETED' state"
             in waiting.message
-    expected = [("broken", "Failed"), ("downstream", "NotReady"), ("downstream", "NotReady"),
-                ("fails_with_data", "Failed")]
+        )
+    expected = [
+        ("broken", "Failed"),
+        ("downstream", "NotReady"),
+        ("downstream", "NotReady"),
+        ("fails_with_data", "Failed"),
+    ]
     assert recorded(state.state_details.flow_run_id, expected) == expected
 
 
@@ -200,11 +207,13 @@ def test_submit_outside_a_flow_and_wait(runner):
 @pytest.mark.parametrize("style", ["sync", "async"])
 def test_timeouts_fail_the_task_leave_dependents_pending_and_others_complete(runner, style):
     if style == "sync":
+
         @task(timeout_seconds=1)
         def slow():
             time.sleep(3)
             return 1
     else:
+
         @task(timeout_seconds=0.2)
         async def slow():
             await asyncio.sleep(3)
@@ -328,8 +337,9 @@ def test_asset_materializations_are_reported(runner):
         return get_run_context().flow_run.id
 
     flow_run_id = asyncio.run(pipeline())
-    query = {"filter": {"event": {"prefix": ["prefect.asset."]},
-                        "related": {"id": [f"prefect.flow-run.{flow_run_id}"]}}}
+    query = {
+        "filter": {"event": {"prefix": ["prefect.asset."]}, "related": {"id": [f"prefect.flow-run.{flow_run_id}"]}}
+    }
     events, deadline = [], time.monotonic() + 30
     while len(events) < 3 and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -337,12 +347,15 @@ def test_asset_materializations_are_reported(runner):
         response.raise_for_status()
         events = response.json().get("events", [])
     seen = sorted((e["event"], e["resource"]["prefect.resource.id"]) for e in events)
-    assert seen == [("prefect.asset.materialization.succeeded", clean.key),
-                    ("prefect.asset.materialization.succeeded", raw.key),
-                    ("prefect.asset.referenced", raw.key)]
+    assert seen == [
+        ("prefect.asset.materialization.succeeded", clean.key),
+        ("prefect.asset.materialization.succeeded", raw.key),
+        ("prefect.asset.referenced", raw.key),
+    ]
     [made_clean] = [e for e in events if e["resource"]["prefect.resource.id"] == clean.key]
-    assert [r["prefect.resource.id"] for r in made_clean["related"] if r.get("prefect.resource.role") == "asset"] \
-        == [raw.key]
+    assert [r["prefect.resource.id"] for r in made_clean["related"] if r.get("prefect.resource.role") == "asset"] == [
+        raw.key
+    ]
 
 
 # --------------------------------------------------------------------------- runners with their own cluster
@@ -403,8 +416,7 @@ def test_losing_the_worker_fails_the_future_and_its_run_can_be_marked_crashed(ap
         error, flow_run_id = doomed()
     assert error == "KilledWorker"
     [future] = futures
-    mark_task_run_crashed(future.task_run_id, "its worker died", task=lethal, name="lethal-0",
-                          flow_run_id=flow_run_id)
+    mark_task_run_crashed(future.task_run_id, "its worker died", task=lethal, name="lethal-0", flow_run_id=flow_run_id)
     with get_client(sync_client=True) as client:
         assert client.read_task_run(future.task_run_id).state.type == StateType.CRASHED
 

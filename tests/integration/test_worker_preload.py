@@ -7,21 +7,26 @@ import logging
 import sys
 
 from espnet3_prefect.execution.cluster import open_task_runner
-from espnet3_prefect.flows.dispatch import TASK_PRELOAD
 from espnet3_prefect.execution.spec import ParallelSpec
+from espnet3_prefect.flows.dispatch import TASK_PRELOAD
 from espnet3_prefect.tasks import preload
 
 
 def _worker_state(dask_worker) -> dict:
-    return {"loaded": [name for name in preload.MODULES if name in sys.modules],
-            "warmed": getattr(dask_worker, preload.WARMED, None), "frozen": gc.get_freeze_count(),
-            "gc_enabled": gc.isenabled(), "executed": dask_worker.state.executed_count}
+    return {
+        "loaded": [name for name in preload.MODULES if name in sys.modules],
+        "warmed": getattr(dask_worker, preload.WARMED, None),
+        "frozen": gc.get_freeze_count(),
+        "gc_enabled": gc.isenabled(),
+        "executed": dask_worker.state.executed_count,
+    }
 
 
 def test_every_local_worker_has_the_task_modules_before_any_task(tmp_path):
     spec = ParallelSpec.from_config({"env": "local", "n_workers": 2, "options": {"dashboard_address": None}})
-    with open_task_runner(spec, log_root=tmp_path, logger=logging.getLogger("test"),
-                          worker_preload=TASK_PRELOAD) as runner:
+    with open_task_runner(
+        spec, log_root=tmp_path, logger=logging.getLogger("test"), worker_preload=TASK_PRELOAD
+    ) as runner:
         states = runner.client.run(_worker_state)  # out of band: no task has run on any worker
     assert len(states) == 2
     for state in states.values():

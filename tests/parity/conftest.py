@@ -26,7 +26,10 @@ def parity_venvs() -> None:
     """Both venvs are there: ``.venv`` without espnet3, ``.venv-parity`` with it."""
     problems = []
     if not python_ok("parity", "import espnet3.systems.base.inference, espnet3.systems.base.metric"):
-        problems.append(f"{PYTHONS['parity']} missing or cannot import espnet3 (run: bash scripts/parity_setup.sh, or set E3P_PARITY_PYTHON)")
+        problems.append(
+            f"{PYTHONS['parity']} missing or cannot import espnet3 "
+            "(run: bash scripts/parity_setup.sh, or set E3P_PARITY_PYTHON)"
+        )
     if not PYTHONS["venv"].exists():
         problems.append(f"{PYTHONS['venv']} missing (run: bash scripts/setup.sh)")
     elif python_ok("venv", "import espnet3"):
@@ -77,8 +80,13 @@ def runs(request, parity_venvs, prefect_server, parity_dtmf, fsdd_recordings, tm
     else:
         base = tmp_path_factory.mktemp("parity")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "E3P_HOOK_LOG"}
-    env.update(PREFECT_API_URL=prefect_server, PREFECT_HOME=str(base / "prefect-client"),
-               PYTHONPATH=str(ROOT), ESPNET3_PREFECT_HOME=str(base / "e3p-home"), PYTHONUNBUFFERED="1")
+    env.update(
+        PREFECT_API_URL=prefect_server,
+        PREFECT_HOME=str(base / "prefect-client"),
+        PYTHONPATH=str(ROOT),
+        ESPNET3_PREFECT_HOME=str(base / "e3p-home"),
+        PYTHONUNBUFFERED="1",
+    )
     pool = ParityRuns(base, env, parity_dtmf, fsdd_recordings, jobs=int(os.environ.get("E3P_PARITY_JOBS", "3")))
     for item in request.session.items:  # the selected tests, after -k/-m
         if item.get_closest_marker("parity") is None:
@@ -100,16 +108,23 @@ def need_fsdd(fsdd_recordings):
         for name in names:
             recipe = RECIPES.get(name) or RECIPES[METRICS_CASES[name].inference]
             if recipe.data == "fsdd" and fsdd_recordings is None:
-                pytest.skip(f"FSDD recordings not found (shared/data/fsdd/recordings beside the checkout, "
-                            f"or $E3P_FSDD_DIR); {name} uses them")
+                pytest.skip(
+                    f"FSDD recordings not found (shared/data/fsdd/recordings beside the checkout, "
+                    f"or $E3P_FSDD_DIR); {name} uses them"
+                )
 
     return check
 
 
 @pytest.fixture(scope="session")
 def signatures(parity_venvs) -> dict:
-    proc = subprocess.run([str(PYTHONS["parity"]), "-m", "tests.parity.signatures"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [str(PYTHONS["parity"]), "-m", "tests.parity.signatures"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, f"tests.parity.signatures failed: {proc.stderr[-2000:]}"
     return json.loads(proc.stdout)

@@ -5,13 +5,14 @@ Runs are named by keys and cached for the session:
 | key | what |
 |---|---|
 | ``("up", recipe)`` | upstream ``infer()`` via ``tests.parity.oracle`` in ``.venv-parity``, 1 worker |
-| ``("ours", recipe, venv, n, *overrides)`` | ``espnet3-prefect infer ... parallel.n_workers=n [overrides]`` in ``venv`` (``venv``: espnet3 not importable, ``parity``: importable) |
-| ``("up_on_ours", recipe, venv, n)`` | upstream ``infer()`` on a copy of the folder ``("ours", recipe, venv, n)`` wrote |
+| ``("ours", recipe, venv, n, *overrides)`` | ``espnet3-prefect infer ... n_workers=n [overrides]`` in ``venv`` |
+| ``("up_on_ours", recipe, venv, n)`` | upstream ``infer()`` on a copy of the folder ``("ours", ...)`` wrote |
 | ``("ours_on_up", recipe, venv, n)`` | ours on a copy of the folder ``("up", recipe)`` wrote |
 | ``("measure_up", case)`` / ``("measure_ours", case, venv)`` | metrics on a copy of an upstream inference folder |
 | ``("dropin", venv)`` | a recipe ``run.py`` calling ``from espnet3_prefect import infer, measure`` |
 
-A run's dependencies are submitted before it, so a thread waiting on one never blocks the pool.
+``venv`` is ``venv`` (espnet3 not importable) or ``parity`` (importable). A run's dependencies are
+submitted before it, so a thread waiting on one never blocks the pool.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = ROOT / "tests" / "parity" / "recipes"
 # The venv where ESPnet3 202611 imports: $E3P_PARITY_PYTHON (CI: .venv-espnet, the real espnet[train,asr]
 # install), else .venv-parity (scripts/parity_setup.sh: the wheel's espnet3/ beside our dependencies).
-PYTHONS = {"venv": ROOT / ".venv" / "bin" / "python",
-           "parity": Path(os.environ.get("E3P_PARITY_PYTHON") or ROOT / ".venv-parity" / "bin" / "python")}
+PYTHONS = {
+    "venv": ROOT / ".venv" / "bin" / "python",
+    "parity": Path(os.environ.get("E3P_PARITY_PYTHON") or ROOT / ".venv-parity" / "bin" / "python"),
+}
 RUN_TIMEOUT_S = float(os.environ.get("E3P_PARITY_TIMEOUT", "300"))
 # Orchestration-only setting of ours (Prefect task retries): a failing shard fails at once instead
 # of retrying with delays; it changes nothing a hook sees or an output holds.
@@ -46,10 +49,10 @@ PREFETCH_ENGAGED = "+parallel.num_shards=2"
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    config: str                 # relative to tests/parity/recipes
-    data: str                   # "dtmf" or "fsdd"
+    config: str  # relative to tests/parity/recipes
+    data: str  # "dtmf" or "fsdd"
     test: str = "test_a"
-    template: bool = False      # run from a copy of the recipe folder, config untouched
+    template: bool = False  # run from a copy of the recipe folder, config untouched
     hook_log: bool = False
 
     @property
@@ -57,16 +60,19 @@ class Recipe:
         return RECIPES_DIR / self.config
 
 
-RECIPES = {r.name: r for r in (
-    Recipe("stock", "stock/inference.yaml", "dtmf"),
-    Recipe("writer_hooks", "writer_hooks/inference.yaml", "fsdd"),
-    Recipe("batching", "batching/inference.yaml", "dtmf"),
-    Recipe("artifacts", "artifacts/inference.yaml", "dtmf"),
-    Recipe("contract", "contract/inference.yaml", "fsdd"),
-    Recipe("template", "template/conf/inference.yaml", "fsdd", test="fsdd_eval", template=True),
-    Recipe("custom_provider", "custom_provider/inference.yaml", "fsdd"),
-    Recipe("hooks", "hooks/inference.yaml", "dtmf", hook_log=True),
-)}
+RECIPES = {
+    r.name: r
+    for r in (
+        Recipe("stock", "stock/inference.yaml", "dtmf"),
+        Recipe("writer_hooks", "writer_hooks/inference.yaml", "fsdd"),
+        Recipe("batching", "batching/inference.yaml", "dtmf"),
+        Recipe("artifacts", "artifacts/inference.yaml", "dtmf"),
+        Recipe("contract", "contract/inference.yaml", "fsdd"),
+        Recipe("template", "template/conf/inference.yaml", "fsdd", test="fsdd_eval", template=True),
+        Recipe("custom_provider", "custom_provider/inference.yaml", "fsdd"),
+        Recipe("hooks", "hooks/inference.yaml", "dtmf", hook_log=True),
+    )
+}
 # The output-comparison recipes (hooks is compared by its log instead).
 OUTPUT_RECIPES = [name for name in RECIPES if name != "hooks"]
 
@@ -74,15 +80,18 @@ OUTPUT_RECIPES = [name for name in RECIPES if name != "hooks"]
 @dataclass(frozen=True)
 class MetricsCase:
     name: str
-    config: str                 # relative to tests/parity/recipes
-    inference: str              # the recipe whose upstream inference folder is scored
+    config: str  # relative to tests/parity/recipes
+    inference: str  # the recipe whose upstream inference folder is scored
     with_inference_config: bool
 
 
-METRICS_CASES = {m.name: m for m in (
-    MetricsCase("dataset_text", "metrics/metrics_dataset.yaml", "contract", True),
-    MetricsCase("scp_stems", "metrics/metrics_stems.yaml", "stock", False),
-)}
+METRICS_CASES = {
+    m.name: m
+    for m in (
+        MetricsCase("dataset_text", "metrics/metrics_dataset.yaml", "contract", True),
+        MetricsCase("scp_stems", "metrics/metrics_stems.yaml", "stock", False),
+    )
+}
 
 
 @dataclass
@@ -93,7 +102,7 @@ class RunResult:
     rc: int | None
     seconds: float
     log: Path
-    inference_dir: str = ""     # as configured (may be relative to cwd)
+    inference_dir: str = ""  # as configured (may be relative to cwd)
     note: str = ""
 
     @property
@@ -120,8 +129,12 @@ class RunResult:
         if self.rc is None:
             return f"timed out after {RUN_TIMEOUT_S:.0f} s ({self.log})"
         lines = [ln.strip() for ln in self.text().splitlines() if ln.strip()]
-        patterns = (r"^error: ", r"^[\w-]+: error: ", r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b.*:",
-                    r"^[A-Za-z_.]*Error$")
+        patterns = (
+            r"^error: ",
+            r"^[\w-]+: error: ",
+            r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b.*:",
+            r"^[A-Za-z_.]*Error$",
+        )
         for line in reversed(lines):
             if any(re.search(p, line) for p in patterns):
                 return shorten(line)
@@ -196,8 +209,9 @@ class ParityRuns:
     def _slug(self, key: tuple) -> str:
         return "-".join(str(k) for k in key)
 
-    def _run(self, key: tuple, cmd: list[str], cwd: Path, inference_dir: str,
-             extra_env: dict[str, str] | None = None) -> RunResult:
+    def _run(
+        self, key: tuple, cmd: list[str], cwd: Path, inference_dir: str, extra_env: dict[str, str] | None = None
+    ) -> RunResult:
         log = self.base / "logs" / f"{self._slug(key)}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**self.env, **(extra_env or {})}
@@ -205,8 +219,9 @@ class ParityRuns:
         with open(log, "wb") as out:
             out.write(("$ " + " ".join(map(str, cmd)) + f"\n# cwd {cwd}\n").encode())
             out.flush()
-            proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [str(c) for c in cmd], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
                 rc: int | None = proc.wait(timeout=RUN_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -236,20 +251,46 @@ class ParityRuns:
             return recipe_dir, f"conf/{recipe.config_path.name}", "exp/parity/inference", []
         run_dir.mkdir(parents=True)
         inference_dir = str(run_dir / "exp")
-        return run_dir, str(recipe.config_path), inference_dir, [f"inference_dir={inference_dir}", *self._data_overrides(recipe)]
+        return (
+            run_dir,
+            str(recipe.config_path),
+            inference_dir,
+            [f"inference_dir={inference_dir}", *self._data_overrides(recipe)],
+        )
 
     def _hook_env(self, recipe: Recipe, cwd: Path) -> dict[str, str]:
         return {"E3P_HOOK_LOG": str(cwd / "hooks.jsonl")} if recipe.hook_log else {}
 
-    def _oracle_infer(self, key: tuple, recipe: Recipe, cwd: Path, config: str, inference_dir: str,
-                      overrides: list[str]) -> RunResult:
+    def _oracle_infer(
+        self, key: tuple, recipe: Recipe, cwd: Path, config: str, inference_dir: str, overrides: list[str]
+    ) -> RunResult:
         cmd = [venv_python("parity"), "-m", "tests.parity.oracle", "infer", "--config", config, *overrides]
         return self._run(key, cmd, cwd, inference_dir, self._hook_env(recipe, cwd))
 
-    def _ours_infer(self, key: tuple, recipe: Recipe, venv: str, n: int, cwd: Path, config: str,
-                    inference_dir: str, overrides: list[str], extra: tuple = ()) -> RunResult:
-        cmd = [venv_python(venv), "-m", "espnet3_prefect.cli", "infer", "--config", config, *overrides,
-               f"parallel.n_workers={n}", *OURS_EXTRA, *extra]
+    def _ours_infer(
+        self,
+        key: tuple,
+        recipe: Recipe,
+        venv: str,
+        n: int,
+        cwd: Path,
+        config: str,
+        inference_dir: str,
+        overrides: list[str],
+        extra: tuple = (),
+    ) -> RunResult:
+        cmd = [
+            venv_python(venv),
+            "-m",
+            "espnet3_prefect.cli",
+            "infer",
+            "--config",
+            config,
+            *overrides,
+            f"parallel.n_workers={n}",
+            *OURS_EXTRA,
+            *extra,
+        ]
         return self._run(key, cmd, cwd, inference_dir, self._hook_env(recipe, cwd))
 
     def _copy_of(self, key: tuple, recipe: Recipe, source: RunResult) -> tuple[Path, str, list[str]]:
@@ -317,15 +358,31 @@ class ParityRuns:
     def _dropin(self, key: tuple) -> RunResult:
         recipe = RECIPES["stock"]
         cwd, config, inference_dir, overrides = self._workspace(key, recipe)
-        cmd = [venv_python(key[1]), "-m", "tests.parity.dropin_run", "--config", config, *overrides,
-               "--metrics-config", str(RECIPES_DIR / METRICS_CASES["scp_stems"].config),
-               f"inference_dir={inference_dir}"]
+        cmd = [
+            venv_python(key[1]),
+            "-m",
+            "tests.parity.dropin_run",
+            "--config",
+            config,
+            *overrides,
+            "--metrics-config",
+            str(RECIPES_DIR / METRICS_CASES["scp_stems"].config),
+            f"inference_dir={inference_dir}",
+        ]
         return self._run(key, cmd, cwd, inference_dir)
 
 
 def _not_run(key: tuple, source: RunResult) -> RunResult:
-    return RunResult(key, [], source.cwd, -1, 0.0, source.log, source.inference_dir,
-                     note=f"not run: its source run failed: {source.describe()}")
+    return RunResult(
+        key,
+        [],
+        source.cwd,
+        -1,
+        0.0,
+        source.log,
+        source.inference_dir,
+        note=f"not run: its source run failed: {source.describe()}",
+    )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -349,8 +406,9 @@ def top_files(test_dir: Path) -> list[str]:
     """The files upstream writes at the test-set level (not shard internals, not manifest.json)."""
     if not test_dir.is_dir():
         return []
-    return sorted(p.name for p in test_dir.iterdir()
-                  if p.is_file() and not p.name.startswith(".") and p.name != "manifest.json")
+    return sorted(
+        p.name for p in test_dir.iterdir() if p.is_file() and not p.name.startswith(".") and p.name != "manifest.json"
+    )
 
 
 def artifact_prefix(run: RunResult, test: str) -> str:
@@ -375,22 +433,28 @@ def compare_scp(up: RunResult, ours: RunResult, test: str, name: str, limit: int
             if utt_a != utt_b:
                 diffs.append(f"{name}:{number}: id {utt_b!r}, upstream {utt_a!r}")
             elif not val_b.startswith(our_prefix):
-                diffs.append(f"{name}:{number}: value {val_b.decode(errors='replace')!r} is not under "
-                             f"{our_prefix.decode()}<k>/ (upstream {val_a.decode(errors='replace')!r})")
+                diffs.append(
+                    f"{name}:{number}: value {val_b.decode(errors='replace')!r} is not under "
+                    f"{our_prefix.decode()}<k>/ (upstream {val_a.decode(errors='replace')!r})"
+                )
             else:
-                rest_a = re.sub(rb"^\d+/", b"", val_a[len(up_prefix):])
-                rest_b = val_b[len(our_prefix):]
+                rest_a = re.sub(rb"^\d+/", b"", val_a[len(up_prefix) :])
+                rest_b = val_b[len(our_prefix) :]
                 if not re.fullmatch(rb"\d+/" + re.escape(rest_a), rest_b):
-                    diffs.append(f"{name}:{number}: artifact path {val_b.decode()!r}, upstream "
-                                 f"{val_a.decode()!r} (expected .../split.<k>/{rest_a.decode()})")
+                    diffs.append(
+                        f"{name}:{number}: artifact path {val_b.decode()!r}, upstream "
+                        f"{val_a.decode()!r} (expected .../split.<k>/{rest_a.decode()})"
+                    )
                 else:
                     file_a = _resolve(up, val_a.decode())
                     file_b = _resolve(ours, val_b.decode())
                     if not file_b.is_file():
                         diffs.append(f"{name}:{number}: artifact {file_b} missing")
                     elif file_a.read_bytes() != file_b.read_bytes():
-                        diffs.append(f"{name}:{number}: artifact {file_b.name} differs in bytes from upstream's "
-                                     f"({file_b.stat().st_size} vs {file_a.stat().st_size} bytes)")
+                        diffs.append(
+                            f"{name}:{number}: artifact {file_b.name} differs in bytes from upstream's "
+                            f"({file_b.stat().st_size} vs {file_a.stat().st_size} bytes)"
+                        )
         else:
             diffs.append(f"{name}:{number}: {b.decode(errors='replace')!r}, upstream {a.decode(errors='replace')!r}")
         if len(diffs) >= limit:
@@ -441,8 +505,10 @@ def manifest_problems(up: RunResult, ours: RunResult, test: str) -> list[str]:
         return [f"manifest.json is not JSON: {exc}"]
     problems = []
     if not isinstance(data, dict) or sorted(data) != ["output_dir", "shard_subdir", "shards", "version"]:
-        return [f"manifest.json keys {sorted(data) if isinstance(data, dict) else type(data).__name__}, "
-                "upstream ['output_dir', 'shard_subdir', 'shards', 'version']"]
+        return [
+            f"manifest.json keys {sorted(data) if isinstance(data, dict) else type(data).__name__}, "
+            "upstream ['output_dir', 'shard_subdir', 'shards', 'version']"
+        ]
     if data["version"] != 1:
         problems.append(f"version {data['version']!r}, upstream 1")
     expected_dir = str(Path(ours.inference_dir) / test)
@@ -451,7 +517,9 @@ def manifest_problems(up: RunResult, ours: RunResult, test: str) -> list[str]:
     if data["shard_subdir"] != "":
         problems.append(f"shard_subdir {data['shard_subdir']!r}, upstream ''")
     shards = data["shards"]
-    if not isinstance(shards, list) or not all(isinstance(s, dict) and sorted(s) == ["items", "shard_id"] for s in shards):
+    if not isinstance(shards, list) or not all(
+        isinstance(s, dict) and sorted(s) == ["items", "shard_id"] for s in shards
+    ):
         return problems + ["shards must be a list of {shard_id, items}"]
     ids = [s["shard_id"] for s in shards]
     if ids != list(range(len(ids))):
@@ -509,8 +577,9 @@ def run_roots(run: RunResult) -> list[str]:
 
 def python_ok(venv: str, code: str) -> bool:
     python = venv_python(venv)
-    return python.exists() and subprocess.run([str(python), "-c", code], capture_output=True,
-                                              timeout=120).returncode == 0
+    return (
+        python.exists() and subprocess.run([str(python), "-c", code], capture_output=True, timeout=120).returncode == 0
+    )
 
 
 def keys_for(test: str, params: dict[str, Any]) -> list[tuple]:

@@ -25,8 +25,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -63,8 +63,7 @@ def apply_override(cfg: DictConfig, item: str) -> None:
             del node[leaf]
         return
     key, value = item.split("=", 1)
-    OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value) if value != "" else "",
-                     merge=False, force_add=True)
+    OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value) if value != "" else "", merge=False, force_add=True)
 
 
 def load(paths: Sequence[str], overrides: Sequence[str] = (), resolve: bool = True) -> DictConfig:
@@ -124,19 +123,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     infer.add_argument("extra", nargs="*", help="more config files or key=value overrides")
     measure = sub.add_parser("measure", help="espnet3.systems.base.metric.measure(metrics_config, inference_config)")
     measure.add_argument("--config", nargs="+", required=True, metavar="FILE_OR_OVERRIDE")
-    measure.add_argument("--inference-config", nargs="+", default=None, metavar="FILE_OR_OVERRIDE",
-                         help="the inference config (files and overrides), for dataset:<column> inputs")
+    measure.add_argument(
+        "--inference-config",
+        nargs="+",
+        default=None,
+        metavar="FILE_OR_OVERRIDE",
+        help="the inference config (files and overrides), for dataset:<column> inputs",
+    )
     measure.add_argument("extra", nargs="*", help="more config files or key=value overrides")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _importable_everywhere()
     try:
         import espnet3  # noqa: F401
     except ImportError:
-        print("oracle: espnet3 is not importable; run it with .venv-parity/bin/python "
-              "(bash scripts/parity_setup.sh)", file=sys.stderr)
+        print(
+            "oracle: espnet3 is not importable; run it with .venv-parity/bin/python (bash scripts/parity_setup.sh)",
+            file=sys.stderr,
+        )
         return 3
     started = time.perf_counter()
     (run_infer if args.command == "infer" else run_measure)(args)

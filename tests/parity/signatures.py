@@ -19,12 +19,29 @@ CLASSES = {
     "BaseRunner": ("espnet3.parallel.base_runner.BaseRunner", "espnet3_prefect.BaseRunner"),
     "InferenceRunner": ("espnet3.systems.base.inference_runner.InferenceRunner", "espnet3_prefect.InferenceRunner"),
     "EnvironmentProvider": ("espnet3.parallel.env_provider.EnvironmentProvider", "espnet3_prefect.EnvironmentProvider"),
-    "InferenceProvider": ("espnet3.systems.base.inference_provider.InferenceProvider",
-                          "espnet3_prefect.InferenceProvider"),
+    "InferenceProvider": (
+        "espnet3.systems.base.inference_provider.InferenceProvider",
+        "espnet3_prefect.InferenceProvider",
+    ),
 }
-HOOKS = ("__init__", "__call__", "forward", "open_writers", "write_record", "close_writers", "merge",
-         "init_state", "reduce_state", "finalize_state", "prepare_model_inputs", "format_output",
-         "build_env_local", "build_worker_setup_fn", "build_dataset", "build_model")
+HOOKS = (
+    "__init__",
+    "__call__",
+    "forward",
+    "open_writers",
+    "write_record",
+    "close_writers",
+    "merge",
+    "init_state",
+    "reduce_state",
+    "finalize_state",
+    "prepare_model_inputs",
+    "format_output",
+    "build_env_local",
+    "build_worker_setup_fn",
+    "build_dataset",
+    "build_model",
+)
 FUNCTIONS = {
     "infer": ("espnet3.systems.base.inference.infer", "espnet3_prefect.infer"),
     "measure": ("espnet3.systems.base.metric.measure", "espnet3_prefect.measure"),
@@ -40,8 +57,10 @@ def locate(path: str) -> Any:
 
 
 def parameters(fn: Any) -> list[list[str]]:
-    return [[p.name, p.kind.name, "<required>" if p.default is p.empty else repr(p.default)]
-            for p in inspect.signature(fn).parameters.values()]
+    return [
+        [p.name, p.kind.name, "<required>" if p.default is p.empty else repr(p.default)]
+        for p in inspect.signature(fn).parameters.values()
+    ]
 
 
 def method_info(cls: Any, name: str) -> dict[str, Any]:

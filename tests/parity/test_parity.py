@@ -17,8 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from .harness import (OUTPUT_RECIPES, PREFETCH_ENGAGED, RECIPES, RunResult, compare_outputs, hook_calls,
-                      manifest_problems, run_roots, top_files)
+from .harness import (
+    OUTPUT_RECIPES,
+    PREFETCH_ENGAGED,
+    RECIPES,
+    RunResult,
+    compare_outputs,
+    hook_calls,
+    manifest_problems,
+    run_roots,
+    top_files,
+)
 
 pytestmark = [pytest.mark.parity, pytest.mark.slow]
 
@@ -82,8 +91,13 @@ def test_manifest_matches_upstream_schema(runs, need_fsdd, recipe, venv, n):
 # -- interop -------------------------------------------------------------------------------------
 # What upstream raises about a folder it will not resume (espnet3/parallel/base_runner.py):
 # a manifest whose plan differs from its own, a shard locked by someone else, a shard not done.
-UPSTREAM_FOLDER_ERRORS = ("Cannot resume", "already locked", "is not complete", "Invalid shard manifest",
-                          "Shard manifest is missing")
+UPSTREAM_FOLDER_ERRORS = (
+    "Cannot resume",
+    "already locked",
+    "is not complete",
+    "Invalid shard manifest",
+    "Shard manifest is missing",
+)
 UP_ON_OURS = [("stock", "venv", 1), ("stock", "venv", 2), ("stock", "parity", 2), ("batching", "venv", 2)]
 
 
@@ -98,13 +112,16 @@ def test_upstream_on_our_folder(runs, recipe, venv, n):
         pytest.fail(result.note)
     if result.ok:
         diffs = compare_outputs(up, result, RECIPES[recipe].test)
-        assert not diffs, ("upstream infer() on our folder exited 0 but its merged files differ from a clean "
-                           f"upstream run (silent data loss):\n  {report(diffs)}")
+        assert not diffs, (
+            "upstream infer() on our folder exited 0 but its merged files differ from a clean "
+            f"upstream run (silent data loss):\n  {report(diffs)}"
+        )
     else:
         reason = result.reason()
         assert any(message in reason for message in UPSTREAM_FOLDER_ERRORS), (
             f"upstream infer() on our folder failed, but not with one of its own errors about the folder "
-            f"(manifest / lock / done): {reason}")
+            f"(manifest / lock / done): {reason}"
+        )
 
 
 OURS_ON_UP = [("stock", "venv", 2), ("batching", "parity", 2)]
@@ -124,7 +141,9 @@ def test_ours_on_upstream_folder(runs, recipe, venv, n):
 def _call_difference(up_entry: dict, our_entry: dict) -> str:
     parts = []
     if up_entry.get("args") != our_entry.get("args"):
-        parts.append(f"args {json.dumps(our_entry.get('args'))[:300]} vs upstream {json.dumps(up_entry.get('args'))[:300]}")
+        parts.append(
+            f"args {json.dumps(our_entry.get('args'))[:300]} vs upstream {json.dumps(up_entry.get('args'))[:300]}"
+        )
     up_kw, our_kw = up_entry.get("kwargs", {}), our_entry.get("kwargs", {})
     missing, extra = sorted(set(up_kw) - set(our_kw)), sorted(set(our_kw) - set(up_kw))
     if missing:
@@ -136,7 +155,9 @@ def _call_difference(up_entry: dict, our_entry: dict) -> str:
         parts.append(f"{key}={json.dumps(ours)[:160]} (upstream {json.dumps(theirs)[:160]})")
     for key in sorted(set(up_entry) | set(our_entry)):
         if key not in ("hook", "args", "kwargs") and up_entry.get(key) != our_entry.get(key):
-            parts.append(f"{key}={json.dumps(our_entry.get(key))[:200]} (upstream {json.dumps(up_entry.get(key))[:200]})")
+            parts.append(
+                f"{key}={json.dumps(our_entry.get(key))[:200]} (upstream {json.dumps(up_entry.get(key))[:200]})"
+            )
     return "; ".join(parts) or "same"
 
 
@@ -220,18 +241,38 @@ def _same_hook_calls(up: RunResult, ours: RunResult) -> None:
 
 # -- signatures ----------------------------------------------------------------------------------
 SIGNATURES = [
-    "BaseRunner.__init__", "BaseRunner.__call__", "BaseRunner.forward", "BaseRunner.open_writers",
-    "BaseRunner.write_record", "BaseRunner.close_writers", "BaseRunner.merge", "BaseRunner.init_state",
-    "BaseRunner.reduce_state", "BaseRunner.finalize_state",
-    "InferenceRunner.__init__", "InferenceRunner.__call__", "InferenceRunner.forward",
-    "InferenceRunner.open_writers", "InferenceRunner.write_record", "InferenceRunner.close_writers",
-    "InferenceRunner.merge", "InferenceRunner.init_state", "InferenceRunner.reduce_state",
-    "InferenceRunner.finalize_state", "InferenceRunner.prepare_model_inputs", "InferenceRunner.format_output",
-    "EnvironmentProvider.__init__", "EnvironmentProvider.build_env_local",
+    "BaseRunner.__init__",
+    "BaseRunner.__call__",
+    "BaseRunner.forward",
+    "BaseRunner.open_writers",
+    "BaseRunner.write_record",
+    "BaseRunner.close_writers",
+    "BaseRunner.merge",
+    "BaseRunner.init_state",
+    "BaseRunner.reduce_state",
+    "BaseRunner.finalize_state",
+    "InferenceRunner.__init__",
+    "InferenceRunner.__call__",
+    "InferenceRunner.forward",
+    "InferenceRunner.open_writers",
+    "InferenceRunner.write_record",
+    "InferenceRunner.close_writers",
+    "InferenceRunner.merge",
+    "InferenceRunner.init_state",
+    "InferenceRunner.reduce_state",
+    "InferenceRunner.finalize_state",
+    "InferenceRunner.prepare_model_inputs",
+    "InferenceRunner.format_output",
+    "EnvironmentProvider.__init__",
+    "EnvironmentProvider.build_env_local",
     "EnvironmentProvider.build_worker_setup_fn",
-    "InferenceProvider.__init__", "InferenceProvider.build_env_local", "InferenceProvider.build_worker_setup_fn",
-    "InferenceProvider.build_dataset", "InferenceProvider.build_model",
-    "infer", "measure",
+    "InferenceProvider.__init__",
+    "InferenceProvider.build_env_local",
+    "InferenceProvider.build_worker_setup_fn",
+    "InferenceProvider.build_dataset",
+    "InferenceProvider.build_model",
+    "infer",
+    "measure",
 ]
 
 
@@ -286,7 +327,10 @@ def test_metrics_json_matches_upstream(runs, need_fsdd, case, venv):
     if ours_bytes != theirs_bytes:
         theirs_json, ours_json = json.loads(theirs_bytes), json.loads(ours_bytes)
         what = "equal as JSON but not in bytes" if theirs_json == ours_json else "different content"
-        pytest.fail(f"metrics.json: {what}:\n  ours     {ours_bytes.decode()[:600]!r}\n  upstream {theirs_bytes.decode()[:600]!r}")
+        pytest.fail(
+            f"metrics.json: {what}:\n  ours     {ours_bytes.decode()[:600]!r}\n"
+            f"  upstream {theirs_bytes.decode()[:600]!r}"
+        )
 
 
 def _written_by(after: Path, before: Path) -> list[str]:

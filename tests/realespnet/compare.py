@@ -147,5 +147,8 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     """{relative path: (size, mtime_ns)} of every file under ``folder`` ({} when it does not exist)."""
     if not folder.is_dir():
         return {}
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }

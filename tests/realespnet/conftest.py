@@ -69,8 +69,7 @@ def copy_recipe(dest: Path) -> Path:
     with as_file(files("egs3")) as installed:
         installed = Path(installed)
         for rel in ("mini_an4/esp2_asr", "TEMPLATE/esp2_asr"):
-            shutil.copytree(installed / rel, dest / "egs3" / rel,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(installed / rel, dest / "egs3" / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for rel in ("__init__.py", "mini_an4/__init__.py", "TEMPLATE/__init__.py"):
             if (installed / rel).is_file():
                 shutil.copy2(installed / rel, dest / "egs3" / rel)
@@ -110,20 +109,23 @@ class Recipe:
     logs: Path
     state: dict = field(default_factory=dict)  # what one test leaves for another (e.g. (a) for (e))
 
-    def run(self, name: str, cmd: list[str], *, label: str | None = None, side: str = "ours",
-            check: bool = True) -> subprocess.CompletedProcess:
+    def run(
+        self, name: str, cmd: list[str], *, label: str | None = None, side: str = "ours", check: bool = True
+    ) -> subprocess.CompletedProcess:
         """Run ``cmd`` in the recipe folder; output to ``logs/<name>.log``; fails the test on a non-zero exit."""
         started = time.monotonic()
         try:
-            proc = subprocess.run(cmd, cwd=self.recipe, env=self.env, capture_output=True, text=True,
-                                  timeout=STAGE_TIMEOUT_S)
+            proc = subprocess.run(
+                cmd, cwd=self.recipe, env=self.env, capture_output=True, text=True, timeout=STAGE_TIMEOUT_S
+            )
         except subprocess.TimeoutExpired as err:
-            pytest.fail(f"{name}: no answer in {STAGE_TIMEOUT_S} s: {' '.join(cmd)}\n{err.stderr or ''}",
-                        pytrace=False)
+            pytest.fail(f"{name}: no answer in {STAGE_TIMEOUT_S} s: {' '.join(cmd)}\n{err.stderr or ''}", pytrace=False)
         seconds = time.monotonic() - started
         log = self.logs / f"{name}.log"
-        log.write_text(f"$ {' '.join(cmd)}\n# exit {proc.returncode} after {seconds:.1f} s\n"
-                       f"## stdout\n{proc.stdout}\n## stderr\n{proc.stderr}")
+        log.write_text(
+            f"$ {' '.join(cmd)}\n# exit {proc.returncode} after {seconds:.1f} s\n"
+            f"## stdout\n{proc.stdout}\n## stderr\n{proc.stderr}"
+        )
         if check and proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
             pytest.fail(f"{name} exited {proc.returncode} (log {log}):\n$ {' '.join(cmd)}\n{tail}", pytrace=False)
@@ -150,9 +152,14 @@ def run_oracle(recipe: Recipe) -> None:
         recipe.upstream(f"upstream_{stage}", "--stages", stage, *TRAINING, label=stage)
     recipe.upstream("upstream_infer", "--stages", "infer", *TRAINING, *SERIAL, label="infer")
     recipe.upstream("upstream_measure", "--stages", "measure", *TRAINING, *SERIAL, *METRICS, label="measure")
-    recipe.upstream("upstream_collect_stats_serial", "--stages", "collect_stats",
-                    "--training_config", "conf/training_asr_streaming_serial.yaml",
-                    label="collect_stats (stats_serial)")
+    recipe.upstream(
+        "upstream_collect_stats_serial",
+        "--stages",
+        "collect_stats",
+        "--training_config",
+        "conf/training_asr_streaming_serial.yaml",
+        label="collect_stats (stats_serial)",
+    )
     infer, measure = TIMINGS["infer"]["upstream"], TIMINGS["measure"]["upstream"]
     record_time("infer + measure", "upstream", infer + measure)
 

@@ -35,8 +35,12 @@ def stats_dir(root: Path, *, scale: float = 1.0, count: int = 7) -> Path:
         folder.mkdir(parents=True)
         (folder / "feats_shape").write_text("utt1 10,80\n")
         (folder / "stats_keys").write_text("utt1\n")
-        np.savez(folder / "feats_stats.npz", count=np.array(count),
-                 sum=np.full(80, 3.0) * scale, sum_square=np.full(80, 9.0) * scale)
+        np.savez(
+            folder / "feats_stats.npz",
+            count=np.array(count),
+            sum=np.full(80, 3.0) * scale,
+            sum_square=np.full(80, 9.0) * scale,
+        )
     return root
 
 
@@ -102,9 +106,15 @@ def test_stats_missing_files_fail(tmp_path):
 
 def sphere(path: Path, samples: np.ndarray, rate: int, big_endian: bool) -> None:
     """A NIST SPHERE PCM16 file written by hand (no libsndfile needed)."""
-    fields = [f"sample_count -i {samples.shape[0]}", f"sample_rate -i {rate}", "sample_n_bytes -i 2",
-              f"sample_byte_format -s2 {'10' if big_endian else '01'}", f"channel_count -i {samples.shape[1]}",
-              "sample_coding -s3 pcm", "end_head"]
+    fields = [
+        f"sample_count -i {samples.shape[0]}",
+        f"sample_rate -i {rate}",
+        "sample_n_bytes -i 2",
+        f"sample_byte_format -s2 {'10' if big_endian else '01'}",
+        f"channel_count -i {samples.shape[1]}",
+        "sample_coding -s3 pcm",
+        "end_head",
+    ]
     header = ("NIST_1A\n   1024\n" + "\n".join(fields) + "\n").encode().ljust(1024, b" ")
     path.write_bytes(header + samples.astype(">i2" if big_endian else "<i2").tobytes())
 
@@ -114,13 +124,17 @@ def test_sph2pipe_writes_a_44_byte_header_wav_of_one_channel(tmp_path, big_endia
     assert SPH2PIPE.stat().st_mode & stat.S_IXUSR, "sph2pipe must be executable"
     samples = np.arange(-600, 600, 3, dtype=np.int16).reshape(-1, 2)
     sphere(tmp_path / "a.sph", samples, 8000, big_endian)
-    out = subprocess.run([sys.executable, str(SPH2PIPE), "-f", "wav", "-p", "-c", "2", str(tmp_path / "a.sph")],
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(SPH2PIPE), "-f", "wav", "-p", "-c", "2", str(tmp_path / "a.sph")],
+        capture_output=True,
+        check=True,
+    ).stdout
     assert out[:4] == b"RIFF" and out[8:16] == b"WAVEfmt " and out[36:40] == b"data"
     assert int.from_bytes(out[24:28], "little") == 8000 and int.from_bytes(out[22:24], "little") == 1
     assert np.array_equal(np.frombuffer(out[44:], "<i2"), samples[:, 1])
-    subprocess.run([sys.executable, str(SPH2PIPE), "-f", "raw", str(tmp_path / "a.sph"), str(tmp_path / "a.raw")],
-                   check=True)
+    subprocess.run(
+        [sys.executable, str(SPH2PIPE), "-f", "raw", str(tmp_path / "a.sph"), str(tmp_path / "a.raw")], check=True
+    )
     assert np.array_equal(np.frombuffer((tmp_path / "a.raw").read_bytes(), "<i2").reshape(-1, 2), samples)
 
 

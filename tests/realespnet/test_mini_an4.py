@@ -20,13 +20,13 @@ from .conftest import METRICS, TRAINING, Recipe
 pytestmark = [pytest.mark.realespnet, pytest.mark.slow]
 
 PARALLEL = "conf/inference_parallel.yaml"
-RUN_PREFECT = '''\
+RUN_PREFECT = """\
 from espnet3.systems.esp2_asr.system import ASRSystem
 from espnet3_prefect import launch
 
 if __name__ == "__main__":
     launch(ASRSystem)
-'''
+"""
 
 
 def cli() -> list[str]:
@@ -52,9 +52,11 @@ def run_launcher(recipe: Recipe) -> Path:
     if "a" not in recipe.state:
         conf = recipe.conf_copy(PARALLEL, "inference_prefect_a.yaml")
         out = fresh(recipe.recipe / "exp" / "training" / "inference_prefect_a")
-        recipe.run("ours_run_infer_measure", [*cli(), "run", "--stages", "infer", "measure", *TRAINING,
-                                              "--inference_config", conf, *METRICS],
-                   label="infer + measure")
+        recipe.run(
+            "ours_run_infer_measure",
+            [*cli(), "run", "--stages", "infer", "measure", *TRAINING, "--inference_config", conf, *METRICS],
+            label="infer + measure",
+        )
         recipe.state["a"] = out
     return recipe.state["a"]
 
@@ -67,11 +69,26 @@ def test_launcher_infer_measure_matches_upstream(mini_an4):
 def test_plain_cli_infer_then_metrics_matches_upstream(mini_an4):
     """(c) ``espnet3-prefect infer`` then ``espnet3-prefect metrics`` into one chosen folder."""
     out = fresh(mini_an4.recipe / "exp" / "training" / "inference_cli")
-    mini_an4.run("ours_cli_infer", [*cli(), "infer", "--config", PARALLEL, f"inference_dir={out}",
-                                    "--training-config", "conf/training.yaml"], label="infer")
-    mini_an4.run("ours_cli_metrics", [*cli(), "metrics", "--config", "conf/metrics.yaml", f"inference_dir={out}",
-                                      "--training-config", "conf/training.yaml",
-                                      "--inference-config", PARALLEL], label="measure")
+    mini_an4.run(
+        "ours_cli_infer",
+        [*cli(), "infer", "--config", PARALLEL, f"inference_dir={out}", "--training-config", "conf/training.yaml"],
+        label="infer",
+    )
+    mini_an4.run(
+        "ours_cli_metrics",
+        [
+            *cli(),
+            "metrics",
+            "--config",
+            "conf/metrics.yaml",
+            f"inference_dir={out}",
+            "--training-config",
+            "conf/training.yaml",
+            "--inference-config",
+            PARALLEL,
+        ],
+        label="measure",
+    )
     assert_same_as_oracle(mini_an4, out)
 
 
@@ -79,10 +96,11 @@ def test_collect_stats_matches_upstream(mini_an4):
     """(d) collect_stats on two workers against upstream's one-worker stats."""
     stats = mini_an4.recipe / "exp"
     fresh(stats / "stats_parallel")
-    mini_an4.run("ours_collect_stats_parallel",
-                 [*cli(), "run", "--stages", "collect_stats",
-                  "--training_config", "conf/training_asr_streaming_parallel.yaml"],
-                 label="collect_stats (stats_serial)")
+    mini_an4.run(
+        "ours_collect_stats_parallel",
+        [*cli(), "run", "--stages", "collect_stats", "--training_config", "conf/training_asr_streaming_parallel.yaml"],
+        label="collect_stats (stats_serial)",
+    )
     problems = stats_problems(stats / "stats_serial", stats / "stats_parallel")
     assert not problems, "collect_stats differs from upstream's serial run:\n" + "\n".join(problems)
 
@@ -98,10 +116,21 @@ def test_finished_stages_answer_without_a_server_through_run_py(mini_an4):
     state = Path(mini_an4.env["ESPNET3_PREFECT_HOME"])
     state_before = snapshot(state)
     (mini_an4.recipe / "run_prefect.py").write_text(RUN_PREFECT)
-    proc = mini_an4.run("ours_rerun_run_prefect_py",
-                        [sys.executable, "run_prefect.py", "--stages", "infer", "measure", *TRAINING,
-                         "--inference_config", "conf/inference_prefect_a.yaml", *METRICS],
-                        label="infer + measure again (run_prefect.py, finished)")
+    proc = mini_an4.run(
+        "ours_rerun_run_prefect_py",
+        [
+            sys.executable,
+            "run_prefect.py",
+            "--stages",
+            "infer",
+            "measure",
+            *TRAINING,
+            "--inference_config",
+            "conf/inference_prefect_a.yaml",
+            *METRICS,
+        ],
+        label="infer + measure again (run_prefect.py, finished)",
+    )
     said = proc.stdout + proc.stderr
     assert said.lower().count("nothing to run") == 2, f"not both stages answered without running:\n{said}"
     assert "Prefect API:" not in said, f"a Prefect server was used:\n{said}"

@@ -12,12 +12,12 @@ import threading
 
 import pytest
 
+from espnet3_prefect._internal.util import CLIENT_FILE_VAR
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.execution.backends.base import exported_environment
 from espnet3_prefect.server.auth import ClientCredentials, CredentialFileError, read_client_file, write_client_file
 from espnet3_prefect.server.host import tls_required
 from espnet3_prefect.server.https import ServerTLS, certificate_names
-from espnet3_prefect.execution.backends.base import exported_environment
-from espnet3_prefect.errors import ConfigError
-from espnet3_prefect._internal.util import CLIENT_FILE_VAR
 from tests.conftest import toy_config, write_yaml
 from tests.helpers.procs import CLI, cli_env
 
@@ -42,7 +42,10 @@ def handshake(tls: ServerTLS, name: str, cafile: str | None) -> str:
     client = ssl.create_default_context(cafile=cafile)
     client.verify_flags |= ssl.VERIFY_X509_STRICT  # what Python 3.13 turns on by default
     try:
-        with socket.create_connection(listener.getsockname()) as raw, client.wrap_socket(raw, server_hostname=name) as s:
+        with (
+            socket.create_connection(listener.getsockname()) as raw,
+            client.wrap_socket(raw, server_hostname=name) as s,
+        ):
             s.send(b"x")
             return "ok"
     except ssl.SSLCertVerificationError as exc:
@@ -112,31 +115,48 @@ def test_https_is_on_off_loopback_unless_turned_off_and_never_without_auth_too()
 def test_the_cli_refuses_no_tls_with_no_auth_on_one_line_before_anything_starts(tmp_path):
     home = tmp_path / "home"
     cfg = write_yaml(tmp_path / "inference.yaml", toy_config(tmp_path, n=2, num_shards=1))
-    refused = subprocess.run([*CLI, "infer", "--config", str(cfg), "--server-host", "10.0.0.5",
-                              "--no-server-tls", "--no-server-auth"], env=cli_env(home), capture_output=True,
-                             text=True, timeout=120, cwd=tmp_path)
+    refused = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg), "--server-host", "10.0.0.5", "--no-server-tls", "--no-server-auth"],
+        env=cli_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.strip().splitlines() == [
         "error: refusing to serve the Prefect API on 10.0.0.5 without TLS and without auth: anyone on the network "
-        "could read and change your runs (drop --no-server-tls/--no-tls or --no-server-auth/--no-auth)"]
+        "could read and change your runs (drop --no-server-tls/--no-tls or --no-server-auth/--no-auth)"
+    ]
     assert not (home / "server.json").exists() and not (home / "api-tls").exists()
 
 
 def test_client_file_names_the_certificate_and_clients_verify_with_it(made, tmp_path):
-    path = write_client_file(tmp_path / "api-client.json",
-                             ClientCredentials("https://10.1.2.3:4200/api", "espnet3:s3cret", ssl_cert_file=str(made.ca_file)))
+    path = write_client_file(
+        tmp_path / "api-client.json",
+        ClientCredentials("https://10.1.2.3:4200/api", "espnet3:s3cret", ssl_cert_file=str(made.ca_file)),
+    )
     creds = read_client_file(path)
     assert creds.ssl_cert_file == str(made.ca_file)
-    assert creds.environ() == {"PREFECT_API_URL": "https://10.1.2.3:4200/api", "PREFECT_API_AUTH_STRING": "espnet3:s3cret",
-                               "PREFECT_API_SSL_CERT_FILE": str(made.ca_file),
-                               "PREFECT_API_TLS_INSECURE_SKIP_VERIFY": "false"}
+    assert creds.environ() == {
+        "PREFECT_API_URL": "https://10.1.2.3:4200/api",
+        "PREFECT_API_AUTH_STRING": "espnet3:s3cret",
+        "PREFECT_API_SSL_CERT_FILE": str(made.ca_file),
+        "PREFECT_API_TLS_INSECURE_SKIP_VERIFY": "false",
+    }
 
 
-@pytest.mark.parametrize("record, words", [
-    ('{"api_url": "http://h:1/api", "ssl_cert_file": "CA"}', "ssl_cert_file is for an https:// api_url"),
-    ('{"api_url": "https://h:1/api", "ssl_cert_file": "/nowhere/ca.pem"}', "ssl_cert_file /nowhere/ca.pem: cannot read it"),
-    ('{"api_url": "https://h:1/api", "ssl_cert_file": ""}', "ssl_cert_file must be the path of a certificate file"),
-])
+@pytest.mark.parametrize(
+    "record, words",
+    [
+        ('{"api_url": "http://h:1/api", "ssl_cert_file": "CA"}', "ssl_cert_file is for an https:// api_url"),
+        (
+            '{"api_url": "https://h:1/api", "ssl_cert_file": "/nowhere/ca.pem"}',
+            "ssl_cert_file /nowhere/ca.pem: cannot read it",
+        ),
+        ('{"api_url": "https://h:1/api", "ssl_cert_file": ""}', "ssl_cert_file must be the path of a certificate file"),
+    ],
+)
 def test_a_bad_certificate_entry_is_one_line_naming_the_file(tmp_path, made, record, words):
     path = tmp_path / "api-client.json"
     path.write_text(record.replace("CA", str(made.ca_file)))
@@ -149,6 +169,9 @@ def test_a_bad_certificate_entry_is_one_line_naming_the_file(tmp_path, made, rec
 def test_batch_jobs_get_the_certificate_path_only_without_a_client_file():
     own = {"PREFECT_API_URL": "https://prefect.example:443/api", "PREFECT_API_SSL_CERT_FILE": "/shared/ca.pem"}
     assert exported_environment(own) == own  # a server of the user's, with their CA, no credential
-    assert exported_environment({**own, CLIENT_FILE_VAR: "/p/api-client.json"}) == {CLIENT_FILE_VAR: "/p/api-client.json"}
+    assert exported_environment({**own, CLIENT_FILE_VAR: "/p/api-client.json"}) == {
+        CLIENT_FILE_VAR: "/p/api-client.json"
+    }
     assert exported_environment({"PREFECT_API_URL": "http://127.0.0.1:1/api", "PREFECT_API_SSL_CERT_FILE": "/x"}) == {
-        "PREFECT_API_URL": "http://127.0.0.1:1/api"}
+        "PREFECT_API_URL": "http://127.0.0.1:1/api"
+    }

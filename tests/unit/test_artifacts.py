@@ -54,10 +54,17 @@ def test_python_scalars_are_returned_as_they_are(tmp_path, value):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("value, expected", [
-    (np.float32(0.5), 0.5), (np.int16(-3), -3), (np.bool_(True), True), (np.array(2.5), 2.5), (np.array("s"), "s"),
-    (np.array(7, dtype=np.uint8), 7),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (np.float32(0.5), 0.5),
+        (np.int16(-3), -3),
+        (np.bool_(True), True),
+        (np.array(2.5), 2.5),
+        (np.array("s"), "s"),
+        (np.array(7, dtype=np.uint8), 7),
+    ],
+)
 def test_numpy_scalars_and_0d_arrays_become_items(tmp_path, value, expected):
     got = materialize(value, tmp_path)
     assert got == expected and type(got) is type(expected)
@@ -184,9 +191,13 @@ def test_custom_writer_function(tmp_path):
     path = materialize({"k": "v"}, tmp_path, field="meta", utt="u.1", config=config)
     assert path.endswith("/meta/u.1.txt") and Path(path).read_text() == "{'K': 'V'} LANG=EN"
     with pytest.raises(FileNotFoundError, match="never-written"):
-        materialize(np.zeros(1), tmp_path, config={"writer": {"_target_": "tests.helpers.artifact_writers.return_missing"}})
+        materialize(
+            np.zeros(1), tmp_path, config={"writer": {"_target_": "tests.helpers.artifact_writers.return_missing"}}
+        )
     with pytest.raises(TypeError, match="must return the path"):
-        materialize(np.zeros(1), tmp_path, config={"writer": {"_target_": "tests.helpers.artifact_writers.return_number"}})
+        materialize(
+            np.zeros(1), tmp_path, config={"writer": {"_target_": "tests.helpers.artifact_writers.return_number"}}
+        )
     with pytest.raises(KeyError, match="needs a _target_"):
         materialize(np.zeros(1), tmp_path, config={"writer": {"upper": True}})
 
@@ -207,8 +218,10 @@ def both(tmp_path, run):
     """``run(materialize, write, out_dir)`` with ours (standalone) and with ESPnet3's functions."""
     up_materialize, up_write, _ = UP
     results = []
-    for name, mat, write in (("ours", A.materialize_output_value, A.write_artifact),
-                             ("espnet3", up_materialize, up_write)):
+    for name, mat, write in (
+        ("ours", A.materialize_output_value, A.write_artifact),
+        ("espnet3", up_materialize, up_write),
+    ):
         out = tmp_path / name
         out.mkdir()
         try:
@@ -219,7 +232,7 @@ def both(tmp_path, run):
             if isinstance(value, Path):
                 value = ("path", value.relative_to(out).as_posix())
             elif isinstance(value, str) and value.startswith(out.as_posix()):
-                value = ("path", value[len(out.as_posix()):])
+                value = ("path", value[len(out.as_posix()) :])
             results.append(("ok", value, out))
     (kind_a, a, out_a), (kind_b, b, out_b) = results
     if kind_b == "error":
@@ -238,21 +251,54 @@ def both(tmp_path, run):
 def _values():
     rng = np.random.default_rng(1)
     return {
-        "str_spaces": "  two  words ", "str_empty": "", "str_non_ascii": "ünï 漢字", "int": 12, "float": 0.1,
-        "bool": False, "np_float64": np.float64(1 / 3), "np_float32": np.float32(1 / 3), "np_int16": np.int16(-7),
-        "np_bool": np.bool_(True), "np_str": np.str_("s"), "0d_array": np.array(1 / 3), "0d_str_array": np.array("x"),
-        "float32_2d": rng.standard_normal((3, 4)).astype(np.float32), "int16_1d": np.arange(-5, 5, dtype=np.int16),
-        "float64_stereo": rng.standard_normal((50, 2)), "bool_array": np.array([True, False]),
-        "object_array": np.array([1, "a", None], dtype=object), "complex": np.array([1 + 2j]),
-        "fortran": np.asfortranarray(rng.standard_normal((3, 5))), "strided": np.arange(20.0).reshape(4, 5)[:, ::2],
-        "empty_array": np.zeros((0, 3), dtype=np.float32), "big_endian": np.arange(4, dtype=">i4"),
-        "dict": {"speaker": "spk1 ünï", "text": "漢字 \"quoted\" \\ back", "nested": [1, [2.5, [None, True]]],
-                 "empty": {}, "nan": float("nan"), "inf": float("inf"), "neg_zero": -0.0, 3: "int key"},
-        "dict_empty": {}, "ordered_dict": collections.OrderedDict([("b", 1), ("a", 2)]),
-        "dict_with_numpy": {"x": np.float32(1)}, "dict_surrogate": {"s": "\udcff"},
+        "str_spaces": "  two  words ",
+        "str_empty": "",
+        "str_non_ascii": "ünï 漢字",
+        "int": 12,
+        "float": 0.1,
+        "bool": False,
+        "np_float64": np.float64(1 / 3),
+        "np_float32": np.float32(1 / 3),
+        "np_int16": np.int16(-7),
+        "np_bool": np.bool_(True),
+        "np_str": np.str_("s"),
+        "0d_array": np.array(1 / 3),
+        "0d_str_array": np.array("x"),
+        "float32_2d": rng.standard_normal((3, 4)).astype(np.float32),
+        "int16_1d": np.arange(-5, 5, dtype=np.int16),
+        "float64_stereo": rng.standard_normal((50, 2)),
+        "bool_array": np.array([True, False]),
+        "object_array": np.array([1, "a", None], dtype=object),
+        "complex": np.array([1 + 2j]),
+        "fortran": np.asfortranarray(rng.standard_normal((3, 5))),
+        "strided": np.arange(20.0).reshape(4, 5)[:, ::2],
+        "empty_array": np.zeros((0, 3), dtype=np.float32),
+        "big_endian": np.arange(4, dtype=">i4"),
+        "dict": {
+            "speaker": "spk1 ünï",
+            "text": '漢字 "quoted" \\ back',
+            "nested": [1, [2.5, [None, True]]],
+            "empty": {},
+            "nan": float("nan"),
+            "inf": float("inf"),
+            "neg_zero": -0.0,
+            3: "int key",
+        },
+        "dict_empty": {},
+        "ordered_dict": collections.OrderedDict([("b", 1), ("a", 2)]),
+        "dict_with_numpy": {"x": np.float32(1)},
+        "dict_surrogate": {"s": "\udcff"},
         "dict_with_bytes": {"a": b"raw"},
-        "none": None, "object": Thing([1, "two"]), "set": {3, 1, 2}, "bytes": b"\x00\xff", "frozenset": frozenset("ab"),
-        "range": range(3), "lambda": lambda: 0, "list": [1, 2], "tuple": (1,), "empty_list": [],
+        "none": None,
+        "object": Thing([1, "two"]),
+        "set": {3, 1, 2},
+        "bytes": b"\x00\xff",
+        "frozenset": frozenset("ab"),
+        "range": range(3),
+        "lambda": lambda: 0,
+        "list": [1, 2],
+        "tuple": (1,),
+        "empty_list": [],
         "nested_list_in_dict": {"words": [["a", "b"], ["c"]]},
     }
 
@@ -282,18 +328,24 @@ def test_parity_materialize(tmp_path, name, config):
     value = VALUES[name]
 
     def run(mat, write, out, side):
-        return mat(idx_value="sp0.9-utt1", field_key="field", value=value, output_dir=out, artifact_config=CONFIGS[config])
+        return mat(
+            idx_value="sp0.9-utt1", field_key="field", value=value, output_dir=out, artifact_config=CONFIGS[config]
+        )
+
     both(tmp_path, run)
 
 
 @parity
 @pytest.mark.parametrize("config", ["default", "npy", "json", "pickle", "wav16k", "unknown_type", "writer"])
-@pytest.mark.parametrize("name", ["float32_2d", "dict", "object", "none", "list", "np_float32", "str_spaces", "int16_1d"])
+@pytest.mark.parametrize(
+    "name", ["float32_2d", "dict", "object", "none", "list", "np_float32", "str_spaces", "int16_1d"]
+)
 def test_parity_write_artifact(tmp_path, name, config):
     value = VALUES[name]
 
     def run(mat, write, out, side):
         return write(value, out / "field" / "a.b", field_config=CONFIGS[config])
+
     both(tmp_path, run)
 
 
@@ -302,6 +354,7 @@ def test_parity_write_artifact(tmp_path, name, config):
 def test_parity_ids(tmp_path, utt):
     def run(mat, write, out, side):
         return mat(idx_value=utt, field_key="f", value=np.zeros(2), output_dir=out, artifact_config=None)
+
     both(tmp_path, run)
     try:
         expected = UP[2](utt)
@@ -313,9 +366,14 @@ def test_parity_ids(tmp_path, utt):
 
 
 TENSORS = {
-    "float32_2d": lambda t: t.randn(3, 4), "int64": lambda t: t.arange(5), "0d": lambda t: t.tensor(2.5),
-    "0d_int": lambda t: t.tensor(7), "grad": lambda t: t.ones(2, requires_grad=True), "bool": lambda t: t.tensor([True]),
-    "bfloat16": lambda t: t.ones(2, dtype=t.bfloat16), "stereo_frames": lambda t: t.rand(40, 2) - 0.5,
+    "float32_2d": lambda t: t.randn(3, 4),
+    "int64": lambda t: t.arange(5),
+    "0d": lambda t: t.tensor(2.5),
+    "0d_int": lambda t: t.tensor(7),
+    "grad": lambda t: t.ones(2, requires_grad=True),
+    "bool": lambda t: t.tensor([True]),
+    "bfloat16": lambda t: t.ones(2, dtype=t.bfloat16),
+    "stereo_frames": lambda t: t.rand(40, 2) - 0.5,
     "noncontig": lambda t: t.arange(12.0).reshape(3, 4).T,
 }
 
@@ -332,6 +390,7 @@ def test_parity_tensors(tmp_path, name, config):
 
     def run(mat, write, out, side):
         return mat(idx_value="u.1", field_key="t", value=value, output_dir=out, artifact_config=CONFIGS[config])
+
     both(tmp_path, run)
 
 
@@ -345,26 +404,44 @@ def test_parity_cuda_tensors_refused(tmp_path):
             return True
 
     def run(mat, write, out, side):
-        return mat(idx_value="u", field_key="t", value=torch.zeros(3).as_subclass(OnCuda), output_dir=out,
-                   artifact_config=None)
+        return mat(
+            idx_value="u", field_key="t", value=torch.zeros(3).as_subclass(OnCuda), output_dir=out, artifact_config=None
+        )
+
     both(tmp_path, run)
 
 
 @parity
 @needs_soundfile
-@pytest.mark.parametrize("config", [None, {"sample_rate": 8000}, {"type": "npy"}, {"type": "pickle"},
-                                    {"type": "wav", "sample_rate": 22050}], ids=str)
-@pytest.mark.parametrize("shape, dtype", [((100,), np.int16), ((100, 2), np.int16), ((2, 100), np.float32),
-                                          ((3, 50), np.float64), ((1, 30), np.float32), ((40, 4), np.uint8)], ids=str)
+@pytest.mark.parametrize(
+    "config",
+    [None, {"sample_rate": 8000}, {"type": "npy"}, {"type": "pickle"}, {"type": "wav", "sample_rate": 22050}],
+    ids=str,
+)
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [
+        ((100,), np.int16),
+        ((100, 2), np.int16),
+        ((2, 100), np.float32),
+        ((3, 50), np.float64),
+        ((1, 30), np.float32),
+        ((40, 4), np.uint8),
+    ],
+    ids=str,
+)
 def test_parity_audio_values(tmp_path, shape, dtype, config):
     from espnet3.contract.kinds.audio import Audio as UpAudio
 
     rng = np.random.default_rng(2)
-    array = (rng.uniform(-1.2, 1.2, shape) * (np.iinfo(dtype).max if np.issubdtype(dtype, np.integer) else 1)).astype(dtype)
+    array = (rng.uniform(-1.2, 1.2, shape) * (np.iinfo(dtype).max if np.issubdtype(dtype, np.integer) else 1)).astype(
+        dtype
+    )
 
     def run(mat, write, out, side):
         audio = (C.Audio if side == "ours" else UpAudio)(array, 16000)
         return mat(idx_value="sp1.1-u", field_key="speech", value=audio, output_dir=out, artifact_config=config)
+
     both(tmp_path, run)
 
 

@@ -23,7 +23,7 @@ def lognormal(n: int, seed: int = 7) -> list[float]:
 
 
 def _cost(shard, lengths):
-    return sum(lengths[shard.start:shard.stop])
+    return sum(lengths[shard.start : shard.stop])
 
 
 @pytest.mark.parametrize("batch_size", [None, 1, 4, 7])
@@ -39,7 +39,7 @@ def test_balanced_plan_is_contiguous_on_batch_boundaries_and_even_in_length(batc
     assert all(s.start % step == 0 and s.stop > s.start for s in shards)
     # every model call still sees the batch upstream would give it
     assert [u for s in shards for u in s.units()] == [u for s in equal for u in s.units()]
-    total, biggest_unit = sum(lengths), max(sum(lengths[i:i + step]) for i in range(0, 1000, step))
+    total, biggest_unit = sum(lengths), max(sum(lengths[i : i + step]) for i in range(0, 1000, step))
     costs = [_cost(s, lengths) for s in shards]
     assert max(costs) <= total / count + biggest_unit
     assert max(costs) < max(_cost(s, lengths) for s in equal) / 2  # equal counts: the long tail
@@ -59,8 +59,12 @@ def test_zero_lengths_plan_by_counts_and_a_huge_item_gets_its_own_shard():
     assert plan_shards("t", 9, 3, lengths=[0] * 9) == plan_shards("t", 9, 3)
     shards = plan_shards("t", 8, 3, lengths=[1, 1, 1, 100, 1, 1, 1, 1])
     assert [(s.start, s.stop) for s in shards] == [(0, 3), (3, 4), (4, 8)]
-    assert [(s.start, s.stop) for s in plan_shards("t", 4, 4, lengths=[0, 0, 0, 5])] == \
-        [(0, 1), (1, 2), (2, 3), (3, 4)]  # never an empty shard
+    assert [(s.start, s.stop) for s in plan_shards("t", 4, 4, lengths=[0, 0, 0, 5])] == [
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (3, 4),
+    ]  # never an empty shard
 
 
 class WithLengths:
@@ -79,18 +83,21 @@ class WithLengths:
         return self._lengths
 
 
-@pytest.mark.parametrize("lengths, n, message", [
-    ([1.0, 2.0], 3, "test set 't': WithLengths.lengths(): returned 2 values for 3 items"),
-    ([[1, 2], [3, 4]], 2, "returned an array of shape (2, 2) values for 2 items"),
-    ([1.0, -0.5, 2.0], 3, "WithLengths.lengths()[1] is -0.5: lengths must be finite numbers >= 0"),
-    ([1.0, float("nan")], 2, "WithLengths.lengths()[1] is nan: lengths must be finite numbers >= 0"),
-    ([1.0, "2.5", 3.0], 3, "WithLengths.lengths()[1] is '2.5' (str): lengths must be numbers"),
-    ([1.0, None], 2, "WithLengths.lengths()[1] is None (NoneType): lengths must be numbers"),
-    ([True, False], 2, "WithLengths.lengths()[0] is True (bool): lengths must be numbers"),
-    ("12", 2, "must return a sequence with one number per item, got str"),
-    (5, 1, "must return a sequence with one number per item, got int"),
-    (OSError("utt2dur missing"), 2, "WithLengths.lengths() failed: OSError: utt2dur missing"),
-])
+@pytest.mark.parametrize(
+    "lengths, n, message",
+    [
+        ([1.0, 2.0], 3, "test set 't': WithLengths.lengths(): returned 2 values for 3 items"),
+        ([[1, 2], [3, 4]], 2, "returned an array of shape (2, 2) values for 2 items"),
+        ([1.0, -0.5, 2.0], 3, "WithLengths.lengths()[1] is -0.5: lengths must be finite numbers >= 0"),
+        ([1.0, float("nan")], 2, "WithLengths.lengths()[1] is nan: lengths must be finite numbers >= 0"),
+        ([1.0, "2.5", 3.0], 3, "WithLengths.lengths()[1] is '2.5' (str): lengths must be numbers"),
+        ([1.0, None], 2, "WithLengths.lengths()[1] is None (NoneType): lengths must be numbers"),
+        ([True, False], 2, "WithLengths.lengths()[0] is True (bool): lengths must be numbers"),
+        ("12", 2, "must return a sequence with one number per item, got str"),
+        (5, 1, "must return a sequence with one number per item, got int"),
+        (OSError("utt2dur missing"), 2, "WithLengths.lengths() failed: OSError: utt2dur missing"),
+    ],
+)
 def test_a_bad_lengths_is_one_line_naming_the_item(lengths, n, message):
     with pytest.raises(BadInputError) as err:
         dataset_lengths(WithLengths(lengths, n), n, "t")
@@ -107,6 +114,7 @@ def test_lengths_that_are_not_the_protocol_are_ignored():
 
     assert dataset_lengths(Attribute(), 2, "t") is None and dataset_lengths(NeedsArguments(), 2, "t") is None
     import numpy as np
+
     assert dataset_lengths(WithLengths(np.array([1, 2, 3], dtype=np.int32)), 3, "t").tolist() == [1.0, 2.0, 3.0]
 
 
@@ -140,8 +148,10 @@ def test_outputs_are_identical_with_balanced_and_equal_shards(tmp_path):
     stage = _stage(tmp_path, lengths, batch_size=2)
     env = stage.runner.provider.build_env_local()
     outputs = []
-    for label, plan in (("equal", plan_shards("test_a", 30, 4, 2)),
-                        ("balanced", plan_shards("test_a", 30, 4, 2, lengths=lengths))):
+    for label, plan in (
+        ("equal", plan_shards("test_a", 30, 4, 2)),
+        ("balanced", plan_shards("test_a", 30, 4, 2, lengths=lengths)),
+    ):
         layout = StageLayout(tmp_path / label / "test_a")
         for shard in plan:
             process_shard(stage.work.runner_cls, shard, {**env, "output_dir": str(layout.output_dir)}, layout)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import uuid
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -25,11 +24,18 @@ def torch_bytes(obj, legacy: bool = False) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("name, epoch, step", [
-    ("epoch=3-step=1200.ckpt", 3, 1200), ("3epoch.pth", 3, None), ("step1200", None, 1200),
-    ("checkpoint_epoch_7.pt", 7, None), ("model-step_50.pt", None, 50), ("last.ckpt", None, None),
-    ("valid.acc.ave_10best.pth", None, None),
-])
+@pytest.mark.parametrize(
+    "name, epoch, step",
+    [
+        ("epoch=3-step=1200.ckpt", 3, 1200),
+        ("3epoch.pth", 3, None),
+        ("step1200", None, 1200),
+        ("checkpoint_epoch_7.pt", 7, None),
+        ("model-step_50.pt", None, 50),
+        ("last.ckpt", None, None),
+        ("valid.acc.ave_10best.pth", None, None),
+    ],
+)
 def test_epoch_and_step_from_the_name(name, epoch, step):
     assert parse_name(name) == {"epoch": epoch, "step": step}
 
@@ -37,13 +43,16 @@ def test_epoch_and_step_from_the_name(name, epoch, step):
 def test_epoch_and_step_from_the_checkpoint_when_the_name_does_not_say(tmp_path):
     import torch
 
-    (tmp_path / "last.ckpt").write_bytes(torch_bytes({"state_dict": {"w": torch.zeros(2)}, "epoch": 4,
-                                                      "global_step": 880}))
+    (tmp_path / "last.ckpt").write_bytes(
+        torch_bytes({"state_dict": {"w": torch.zeros(2)}, "epoch": 4, "global_step": 880})
+    )
     info = checkpoint_info(tmp_path / "last.ckpt")
     assert (info["epoch"], info["step"], info["bytes"]) == (4, 880, (tmp_path / "last.ckpt").stat().st_size)
     (tmp_path / "epoch=9.ckpt").write_bytes((tmp_path / "last.ckpt").read_bytes())
-    assert (checkpoint_info(tmp_path / "epoch=9.ckpt")["epoch"], checkpoint_info(tmp_path / "epoch=9.ckpt")["step"]) \
-        == (9, 880)  # the name wins, the contents fill the rest
+    assert (
+        checkpoint_info(tmp_path / "epoch=9.ckpt")["epoch"],
+        checkpoint_info(tmp_path / "epoch=9.ckpt")["step"],
+    ) == (9, 880)  # the name wins, the contents fill the rest
     (tmp_path / "notes.pth").write_text("not torch")
     assert checkpoint_info(tmp_path / "notes.pth")["step"] is None
     with pytest.raises(ConfigError, match="checkpoint: .*nope.ckpt: no such file"):
@@ -78,11 +87,20 @@ def test_the_checkpoint_key_of_a_recipe():
 
 def test_the_trend_is_in_checkpoint_order_one_point_per_content_best_marked():
     def record(name, step, sha, wer, fp="cfg"):
-        return {"checkpoint": {"name": name, "step": step, "epoch": None, "sha256": sha}, "config_fingerprint": fp,
-                "headline": {"WER": {"test": wer}, "BLEU": {"test": 100 - wer}}, "run_time": "t"}
+        return {
+            "checkpoint": {"name": name, "step": step, "epoch": None, "sha256": sha},
+            "config_fingerprint": fp,
+            "headline": {"WER": {"test": wer}, "BLEU": {"test": 100 - wer}},
+            "run_time": "t",
+        }
 
-    records = [record("c.ckpt", 300, "c", 5.0), record("a.ckpt", 100, "a", 9.0), record("b.ckpt", 200, "b", 4.0),
-               record("a.ckpt", 100, "a", 8.0), record("z.ckpt", 50, "z", 1.0, fp="other config")]
+    records = [
+        record("c.ckpt", 300, "c", 5.0),
+        record("a.ckpt", 100, "a", 9.0),
+        record("b.ckpt", 200, "b", 4.0),
+        record("a.ckpt", 100, "a", 8.0),
+        record("z.ckpt", 50, "z", 1.0, fp="other config"),
+    ]
     points = checkpoint_points(records, "cfg")
     assert [p["checkpoint"]["name"] for p in points] == ["a.ckpt", "b.ckpt", "c.ckpt"]
     assert points[0]["headline"]["WER"]["test"] == 8.0  # the latest score of a content
@@ -118,8 +136,12 @@ def test_watcher_latest_mode_and_a_pending_event_left_by_a_kill(prefect_server, 
     (exp / "step400.ckpt").write_bytes(torch_bytes({"w": torch.full((4,), 400.0)}))
     info = checkpoint_info(exp / "step400.ckpt")
     event_id = str(uuid.uuid4())
-    saved["pending"][info["sha256"]] = {"event_id": event_id, "path": info["path"],
-                                        "fields": event_fields(info, exp, event_id), "since": "t"}
+    saved["pending"][info["sha256"]] = {
+        "event_id": event_id,
+        "path": info["path"],
+        "fields": event_fields(info, exp, event_id),
+        "since": "t",
+    }
     (tmp_path / "state.json").write_text(json.dumps(saved))
     with EmittedState(tmp_path / "state.json") as state:
         state.flush_pending()
@@ -129,7 +151,9 @@ def test_watcher_latest_mode_and_a_pending_event_left_by_a_kill(prefect_server, 
     names = sorted(e.payload["name"] for e in events if e.payload.get("exp_dir") == str(exp.resolve()))
     assert names == ["step300.ckpt", "step400.ckpt"]
     assert event_id in {str(e.id) for e in events}
-    assert [e.resource.id for e in events if e.payload["name"] == "step400.ckpt"] == [f"espnet3.checkpoint.{info['sha256']}"]
+    assert [e.resource.id for e in events if e.payload["name"] == "step400.ckpt"] == [
+        f"espnet3.checkpoint.{info['sha256']}"
+    ]
 
 
 @pytest.mark.slow
@@ -140,10 +164,9 @@ def test_events_reach_a_server_that_asks_for_basic_auth_over_https(tmp_path):
     from prefect.events.filters import EventFilter, EventNameFilter
 
     from espnet3_prefect.checkpoints.events import EVENT_NAME, EmittedState, prefect_settings
-    from espnet3_prefect.errors import Espnet3PrefectError
     from espnet3_prefect.server.auth import ClientCredentials
-    from espnet3_prefect.server.https import ServerTLS
     from espnet3_prefect.server.embedded import start_server, stop_server
+    from espnet3_prefect.server.https import ServerTLS
 
     auth = "e3p:" + uuid.uuid4().hex
     home = tmp_path / "home"
@@ -155,12 +178,18 @@ def test_events_reach_a_server_that_asks_for_basic_auth_over_https(tmp_path):
     try:
         (tmp_path / "step1.ckpt").write_bytes(torch_bytes({"w": torch.ones(3)}))
         info = checkpoint_info(tmp_path / "step1.ckpt")
-        with prefect_settings(ClientCredentials(url, None, ssl_cert_file=cert)), EmittedState(tmp_path / "no-auth.json") as state:
+        with (
+            prefect_settings(ClientCredentials(url, None, ssl_cert_file=cert)),
+            EmittedState(tmp_path / "no-auth.json") as state,
+        ):
             with pytest.raises(Exception):  # refused without the credential: nothing recorded as sent
                 state.emit([info], tmp_path)
         left = json.loads((tmp_path / "no-auth.json").read_text())
         assert not left["emitted"] and list(left["pending"]) == [info["sha256"]]  # sent again on the next start
-        with prefect_settings(ClientCredentials(url, auth, ssl_cert_file=cert)), EmittedState(tmp_path / "state.json") as state:
+        with (
+            prefect_settings(ClientCredentials(url, auth, ssl_cert_file=cert)),
+            EmittedState(tmp_path / "state.json") as state,
+        ):
             [sent] = state.emit([info], tmp_path)
         with ClientCredentials(url, auth, ssl_cert_file=cert).sync_client() as client:
             events = client.read_events(EventFilter(event=EventNameFilter(name=[EVENT_NAME])), limit=50).events

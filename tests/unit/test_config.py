@@ -6,28 +6,33 @@ import pytest
 
 from espnet3_prefect import load_config
 from espnet3_prefect.config.load import for_test_set, identity_config, list_test_sets
-from espnet3_prefect.pipeline.stage import prepare_stages
 from espnet3_prefect.config.targets import resolve_target
+from espnet3_prefect.pipeline.stage import prepare_stages
 from tests.conftest import toy_config, write_yaml
 
 
 def test_files_merge_left_to_right_with_interpolations_and_overrides(tmp_path):
-    base = write_yaml(tmp_path / "inference.yaml", {"exp": "exp/x", "inference_dir": "${exp}/inf",
-                                                    "parallel": {"env": "local", "n_workers": 1}})
+    base = write_yaml(
+        tmp_path / "inference.yaml",
+        {"exp": "exp/x", "inference_dir": "${exp}/inf", "parallel": {"env": "local", "n_workers": 1}},
+    )
     over = write_yaml(tmp_path / "parallel_slurm.yaml", {"parallel": {"env": "slurm", "n_workers": 8}})
     cfg = load_config([base, over], ["parallel.n_workers=4", "exp=exp/y"])
     assert cfg.parallel.env == "slurm" and cfg.parallel.n_workers == 4
     assert cfg.inference_dir == "exp/y/inf"
 
 
-_WITHOUT_ESPNET3 = pytest.mark.skipif(importlib.util.find_spec("espnet3") is not None,
-                                      reason="espnet3 is installed: its stock paths are its own classes")
+_WITHOUT_ESPNET3 = pytest.mark.skipif(
+    importlib.util.find_spec("espnet3") is not None, reason="espnet3 is installed: its stock paths are its own classes"
+)
 
 
 @_WITHOUT_ESPNET3
 def test_espnet3_stock_targets_resolve_to_ours():
-    assert resolve_target("espnet3.systems.base.inference_provider.InferenceProvider") == \
-        "espnet3_prefect.espnet3.provider.InferenceProvider"
+    assert (
+        resolve_target("espnet3.systems.base.inference_provider.InferenceProvider")
+        == "espnet3_prefect.espnet3.provider.InferenceProvider"
+    )
     assert resolve_target("my.own.Runner") == "my.own.Runner"
 
 
@@ -69,21 +74,24 @@ def test_adding_a_test_set_does_not_change_the_others(tmp_path):
 
 @_WITHOUT_ESPNET3
 def test_a_typo_in_a_stock_espnet3_class_name_says_so_and_suggests_the_class():
-    from espnet3_prefect.errors import ConfigError
     from espnet3_prefect.config.targets import locate
+    from espnet3_prefect.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         locate("espnet3.systems.base.inference_provider.InferenceProvidr", "provider._target_")
     assert str(info.value) == (
         "provider._target_: 'espnet3.systems.base.inference_provider.InferenceProvidr' is not an ESPnet3 class "
         "espnet3-prefect provides while espnet3 is not installed; did you mean "
-        "'espnet3.systems.base.inference_provider.InferenceProvider'?")
+        "'espnet3.systems.base.inference_provider.InferenceProvider'?"
+    )
     with pytest.raises(ConfigError, match="has no attribute 'InferenceRuner'; did you mean 'InferenceRunner'"):
         locate("espnet3_prefect.espnet3.inference_runner.InferenceRuner", "runner._target_")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("espnet3") is None,
-                    reason="espnet3 is not importable: run in .venv-espnet (bash scripts/real_espnet_setup.sh)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("espnet3") is None,
+    reason="espnet3 is not importable: run in .venv-espnet (bash scripts/real_espnet_setup.sh)",
+)
 @pytest.mark.parametrize("first", ["ours", "espnet3"])
 def test_resolvers_do_not_clash_with_espnet3s_whichever_registers_first(tmp_path, first):
     """ESPnet3's config_utils registers load_line/self_name/config_path on import without replace=True
@@ -94,9 +102,11 @@ def test_resolvers_do_not_clash_with_espnet3s_whichever_registers_first(tmp_path
 
     (tmp_path / "lines.txt").write_text("a\nb\n")
     write_yaml(tmp_path / "c.yaml", {"words": "${load_line:lines.txt}", "name": "${self_name:}"})
-    ours = ("from espnet3_prefect import load_config; "
-            f"cfg = load_config([{str(tmp_path / 'c.yaml')!r}]); assert list(cfg.words) == ['a', 'b'], cfg; "
-            "assert cfg.name == 'c', cfg")
+    ours = (
+        "from espnet3_prefect import load_config; "
+        f"cfg = load_config([{str(tmp_path / 'c.yaml')!r}]); assert list(cfg.words) == ['a', 'b'], cfg; "
+        "assert cfg.name == 'c', cfg"
+    )
     theirs = "import espnet3.utils.config_utils"
     steps = [ours, theirs] if first == "ours" else [theirs, ours]
     done = subprocess.run([sys.executable, "-c", "; ".join(steps)], capture_output=True, text=True)

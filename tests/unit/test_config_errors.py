@@ -16,6 +16,7 @@ def _drop(key):
         for p in parents:
             node = node[p]
         del node[leaf]
+
     return edit
 
 
@@ -26,6 +27,7 @@ def _set(key, value):
         for p in parents:
             node = node[p]
         node[leaf] = value
+
     return edit
 
 
@@ -36,32 +38,76 @@ CASES = [
     ("missing provider", _drop("provider"), "provider: missing"),
     ("provider without _target_", _set("provider", {"params": {}}), "provider._target_: missing"),
     ("missing runner", _drop("runner"), "runner: missing"),
-    ("runner target not importable", _set("runner._target_", "nope.module.Runner"), "runner._target_: cannot import 'nope.module.Runner'"),
+    (
+        "runner target not importable",
+        _set("runner._target_", "nope.module.Runner"),
+        "runner._target_: cannot import 'nope.module.Runner'",
+    ),
     ("test set without name", _set("dataset.test", [{"n": 3}]), "dataset.test[0]: test set has no 'name'"),
-    ("duplicate test set names", _set("dataset.test", [{"name": "a", "n": 1}, {"name": "a", "n": 2}]), "duplicate test set name 'a'"),
+    (
+        "duplicate test set names",
+        _set("dataset.test", [{"name": "a", "n": 1}, {"name": "a", "n": 2}]),
+        "duplicate test set name 'a'",
+    ),
     ("no test sets", _set("dataset.test", []), "dataset.test: must be a non-empty list"),
     ("batch_size zero", _set("batch_size", 0), "batch_size: must be a positive integer or null, got 0"),
     ("batch_size negative", _set("batch_size", -4), "batch_size: must be a positive integer or null, got -4"),
     ("batch_size string", _set("batch_size", "8"), "batch_size: must be a positive integer or null, got '8'"),
-    ("unknown env", _set("parallel.env", "locl"), "parallel.env: unknown backend 'locl'; valid values: local, local_gpu, slurm"),
+    (
+        "unknown env",
+        _set("parallel.env", "locl"),
+        "parallel.env: unknown backend 'locl'; valid values: local, local_gpu, slurm",
+    ),
     ("n_workers zero", _set("parallel.n_workers", 0), "parallel.n_workers: must be a positive integer, got 0"),
     ("unknown parallel key", _set("parallel.workers", 2), "parallel.workers: unknown key; valid keys: env, n_workers"),
-    ("scheduler option under local", _set("parallel.options", {"queue": "gpu"}), "parallel.options.queue: a batch-scheduler option, not valid with env 'local'"),
-    ("walltime under local", _set("parallel.options", {"walltime": "01:00:00"}), "parallel.options.walltime: a batch-scheduler option"),
-    ("unknown local option", _set("parallel.options", {"thread_per_worker": 1}), "parallel.options.thread_per_worker: not an option of env 'local'; valid options:"),
+    (
+        "scheduler option under local",
+        _set("parallel.options", {"queue": "gpu"}),
+        "parallel.options.queue: a batch-scheduler option, not valid with env 'local'",
+    ),
+    (
+        "walltime under local",
+        _set("parallel.options", {"walltime": "01:00:00"}),
+        "parallel.options.walltime: a batch-scheduler option",
+    ),
+    (
+        "unknown local option",
+        _set("parallel.options", {"thread_per_worker": 1}),
+        "parallel.options.thread_per_worker: not an option of env 'local'; valid options:",
+    ),
     ("missing inference_dir", _drop("inference_dir"), "inference_dir: missing"),
-    ("output_fn not importable", _set("output_fn", "tests.helpers.toy.nope"), "output_fn: 'tests.helpers.toy.nope' has no attribute 'nope'"),
-    ("input_key in params and top level", _set("provider.params", {"input_key": "y"}), "provider.params.input_key: also set by the stage from the top-level config"),
+    (
+        "output_fn not importable",
+        _set("output_fn", "tests.helpers.toy.nope"),
+        "output_fn: 'tests.helpers.toy.nope' has no attribute 'nope'",
+    ),
+    (
+        "input_key in params and top level",
+        _set("provider.params", {"input_key": "y"}),
+        "provider.params.input_key: also set by the stage from the top-level config",
+    ),
     ("retries negative", _set("runner.retries", -1), "runner.retries: must be an integer >= 0"),
     ("resume not a bool", _set("runner.resume", "yes"), "runner.resume: must be true or false"),
-    ("prefetch negative", _set("runner.prefetch", -1), "runner.prefetch: must be an integer >= 0 (batches read ahead of forward; 0 or false: off), got -1"),
+    (
+        "prefetch negative",
+        _set("runner.prefetch", -1),
+        "runner.prefetch: must be an integer >= 0 (batches read ahead of forward; 0 or false: off), got -1",
+    ),
     ("prefetch a word", _set("runner.prefetch", "auto"), "runner.prefetch: must be an integer >= 0"),
     ("prefetch a fraction", _set("runner.prefetch", 1.5), "runner.prefetch: must be an integer >= 0"),
     ("misspelt batch_size", _set("batch_sise", 16), "batch_sise: not a config key; did you mean batch_size?"),
-    ("misspelt inference_dir", _set("inferece_dir", "/tmp/x"), "inferece_dir: not a config key; did you mean inference_dir?"),
+    (
+        "misspelt inference_dir",
+        _set("inferece_dir", "/tmp/x"),
+        "inferece_dir: not a config key; did you mean inference_dir?",
+    ),
     ("misspelt parallel", _set("paralel", {"env": "local"}), "paralel: not a config key; did you mean parallel?"),
     ("allow_keys not a list", _set("allow_keys", "batch_sise"), "allow_keys: must be a list of top-level key names"),
-    ("address and env together", _set("parallel", {"address": "tcp://127.0.0.1:1", "env": "slurm"}), "parallel.env: conflicts with parallel.address"),
+    (
+        "address and env together",
+        _set("parallel", {"address": "tcp://127.0.0.1:1", "env": "slurm"}),
+        "parallel.env: conflicts with parallel.address",
+    ),
 ]
 
 
@@ -99,8 +145,11 @@ def test_a_misspelt_key_added_by_an_override_fails_first(tmp_path):
     """``+batch_sise=16`` used to run with batching off (and redo every shard: "config changed"); a
     misspelt key is named with the likely one before anything else is checked or built."""
     path = write_yaml(tmp_path / "conf.yaml", toy_config(tmp_path))
-    with pytest.raises(ConfigError, match=r"^batch_sise: not a config key; did you mean batch_size\? "
-                                          r"\(a key of your own: list it under allow_keys:\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^batch_sise: not a config key; did you mean batch_size\? "
+        r"\(a key of your own: list it under allow_keys:\)$",
+    ):
         prepare_stages(load_config([path], ["+batch_sise=16"]))
     with pytest.raises(ConfigError, match="^inferece_dir: .*did you mean inference_dir"):
         prepare_stages(load_config([path], ["~inference_dir", "+inferece_dir=/tmp/x"]))

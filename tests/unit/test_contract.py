@@ -9,14 +9,13 @@ import importlib.util
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from espnet3_prefect.espnet3 import contract as C
 from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.espnet3 import contract as C
 
 
 def _upstream():
@@ -56,54 +55,115 @@ def test_none_is_none_and_dictconfig_is_accepted():
 
     assert C.load_inference_contract(None) is None
     assert C.resolve_inference_contract(None) is None
-    cfg = OmegaConf.create({"sr": 16000, "contract": {
-        "inputs": {"speech": {"kind": "audio", "sample_rate": "${sr}", "label": "Input Audio"}},
-        "outputs": {"text": {"kind": "text", "normalize": ["strip", "to_lower"]}}}})
+    cfg = OmegaConf.create(
+        {
+            "sr": 16000,
+            "contract": {
+                "inputs": {"speech": {"kind": "audio", "sample_rate": "${sr}", "label": "Input Audio"}},
+                "outputs": {"text": {"kind": "text", "normalize": ["strip", "to_lower"]}},
+            },
+        }
+    )
     contract = C.load_inference_contract(cfg.contract)
     speech, text = contract.inputs[0], contract.outputs[0]
     assert (speech.name, speech.kind, speech.label, dict(speech.options)) == (
-        "speech", "audio", "Input Audio", {"sample_rate": 16000})
+        "speech",
+        "audio",
+        "Input Audio",
+        {"sample_rate": 16000},
+    )
     assert text.label == "Text" and text.options == {"normalize": ["strip", "to_lower"]}
     assert C.resolve_inference_contract(OmegaConf.to_container(cfg.contract, resolve=True)).inputs == contract.inputs
     assert C.resolve_inference_contract(contract) is contract
 
 
-@pytest.mark.parametrize("config, error, key", [
-    ({"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "segments"}}}, ConfigError,
-     "contract.outputs.y.kind: 'segments' needs espnet3 installed (pip install espnet==202611)"),
-    ({"imports": ["src.contracts"], "inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text"}}},
-     ConfigError, "contract.imports: ['src.contracts'] needs espnet3 installed (pip install espnet==202611)"),
-    ({"inputs": {"x": {"kind": "messages"}}, "outputs": {"y": {"kind": "text"}}}, ConfigError,
-     "contract.inputs.x.kind: unknown kind 'messages'"),
-    ({"inputs": {"x": {"label": "X"}}, "outputs": {"y": {"kind": "text"}}}, ConfigError,
-     "contract.inputs.x.kind is missing"),
-    ({"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text"}}, "normalize": ["strip"]},
-     ConfigError, "contract: unknown key(s) ['normalize']"),
-    ({"inputs": {"x": {"kind": "text", "sample_rate": 16000}}, "outputs": {"y": {"kind": "text"}}},
-     ConfigError, "contract.inputs.x: unknown option(s) ['sample_rate'] for kind 'text'"),
-    ({"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text", "normalize": ["nfkc"]}}},
-     ConfigError, "contract.outputs.y.normalize: unknown normalizer(s) ['nfkc'] for kind 'text'"),
-    ({"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "number", "normalize": "strip"}}},
-     ConfigError, "contract.outputs.y.normalize: unknown normalizer(s) ['strip'] for kind 'number'"),
-    ({"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text", "normalize": 3}}},
-     C.ContractTypeError, "contract.outputs.y.normalize must be a normalizer name or a list of names"),
-    ({"inputs": {"x": {"kind": "audio", "sample_rate": "16k"}}, "outputs": {"y": {"kind": "text"}}},
-     ConfigError, "contract.inputs.x.sample_rate must be an integer > 0, got '16k'"),
-    ({"inputs": {"x": {"kind": "audio", "rate_policy": "keep"}}, "outputs": {"y": {"kind": "text"}}},
-     ConfigError, "contract.inputs.x.rate_policy must be 'resample' or 'reject', got 'keep'"),
-    ({"inputs": {"x": {"kind": "audio", "channels": 0}}, "outputs": {"y": {"kind": "text"}}},
-     ConfigError, "contract.inputs.x.channels must be null or >= 1"),
-    ({"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text", "optional": True}}},
-     ConfigError, "contract.outputs.y.optional: a declared output is always produced"),
-    ({"inputs": {"1x": {"kind": "text"}}, "outputs": {"y": {"kind": "text"}}},
-     ConfigError, "contract.inputs.1x: field name '1x' must be a Python identifier"),
-    ({"inputs": {}, "outputs": {"y": {"kind": "text"}}}, ConfigError, "contract.inputs needs at least one field"),
-    ({"inputs": {"x": {"kind": "text"}}}, ConfigError, "contract.outputs needs at least one field"),
-    ({"inputs": {"x": "text"}, "outputs": {"y": {"kind": "text"}}}, C.ContractTypeError,
-     "contract.inputs.x must be a mapping such as {kind: text}, got str"),
-    ({"imports": "src.contracts", "inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text"}}},
-     C.ContractTypeError, "contract.imports must be a list of module names"),
-])
+@pytest.mark.parametrize(
+    "config, error, key",
+    [
+        (
+            {"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "segments"}}},
+            ConfigError,
+            "contract.outputs.y.kind: 'segments' needs espnet3 installed (pip install espnet==202611)",
+        ),
+        (
+            {"imports": ["src.contracts"], "inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text"}}},
+            ConfigError,
+            "contract.imports: ['src.contracts'] needs espnet3 installed (pip install espnet==202611)",
+        ),
+        (
+            {"inputs": {"x": {"kind": "messages"}}, "outputs": {"y": {"kind": "text"}}},
+            ConfigError,
+            "contract.inputs.x.kind: unknown kind 'messages'",
+        ),
+        (
+            {"inputs": {"x": {"label": "X"}}, "outputs": {"y": {"kind": "text"}}},
+            ConfigError,
+            "contract.inputs.x.kind is missing",
+        ),
+        (
+            {"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text"}}, "normalize": ["strip"]},
+            ConfigError,
+            "contract: unknown key(s) ['normalize']",
+        ),
+        (
+            {"inputs": {"x": {"kind": "text", "sample_rate": 16000}}, "outputs": {"y": {"kind": "text"}}},
+            ConfigError,
+            "contract.inputs.x: unknown option(s) ['sample_rate'] for kind 'text'",
+        ),
+        (
+            {"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text", "normalize": ["nfkc"]}}},
+            ConfigError,
+            "contract.outputs.y.normalize: unknown normalizer(s) ['nfkc'] for kind 'text'",
+        ),
+        (
+            {"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "number", "normalize": "strip"}}},
+            ConfigError,
+            "contract.outputs.y.normalize: unknown normalizer(s) ['strip'] for kind 'number'",
+        ),
+        (
+            {"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text", "normalize": 3}}},
+            C.ContractTypeError,
+            "contract.outputs.y.normalize must be a normalizer name or a list of names",
+        ),
+        (
+            {"inputs": {"x": {"kind": "audio", "sample_rate": "16k"}}, "outputs": {"y": {"kind": "text"}}},
+            ConfigError,
+            "contract.inputs.x.sample_rate must be an integer > 0, got '16k'",
+        ),
+        (
+            {"inputs": {"x": {"kind": "audio", "rate_policy": "keep"}}, "outputs": {"y": {"kind": "text"}}},
+            ConfigError,
+            "contract.inputs.x.rate_policy must be 'resample' or 'reject', got 'keep'",
+        ),
+        (
+            {"inputs": {"x": {"kind": "audio", "channels": 0}}, "outputs": {"y": {"kind": "text"}}},
+            ConfigError,
+            "contract.inputs.x.channels must be null or >= 1",
+        ),
+        (
+            {"inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text", "optional": True}}},
+            ConfigError,
+            "contract.outputs.y.optional: a declared output is always produced",
+        ),
+        (
+            {"inputs": {"1x": {"kind": "text"}}, "outputs": {"y": {"kind": "text"}}},
+            ConfigError,
+            "contract.inputs.1x: field name '1x' must be a Python identifier",
+        ),
+        ({"inputs": {}, "outputs": {"y": {"kind": "text"}}}, ConfigError, "contract.inputs needs at least one field"),
+        ({"inputs": {"x": {"kind": "text"}}}, ConfigError, "contract.outputs needs at least one field"),
+        (
+            {"inputs": {"x": "text"}, "outputs": {"y": {"kind": "text"}}},
+            C.ContractTypeError,
+            "contract.inputs.x must be a mapping such as {kind: text}, got str",
+        ),
+        (
+            {"imports": "src.contracts", "inputs": {"x": {"kind": "text"}}, "outputs": {"y": {"kind": "text"}}},
+            C.ContractTypeError,
+            "contract.imports must be a list of module names",
+        ),
+    ],
+)
 def test_config_errors_name_the_key_on_one_line(config, error, key):
     with pytest.raises(error) as info:
         C.load_inference_contract(config)
@@ -114,8 +174,7 @@ def test_config_errors_name_the_key_on_one_line(config, error, key):
 
 def test_imports_refused_without_trust_and_contract_not_a_mapping():
     with pytest.raises(ConfigError, match="trust_user_code"):
-        C.load_inference_contract({"imports": ["m"], "inputs": TEXT_IO[0], "outputs": TEXT_IO[1]},
-                                  allow_imports=False)
+        C.load_inference_contract({"imports": ["m"], "inputs": TEXT_IO[0], "outputs": TEXT_IO[1]}, allow_imports=False)
     with pytest.raises(TypeError, match="contract must be a mapping"):
         C.load_inference_contract(["inputs"])
     with pytest.raises(TypeError, match="InferenceContract or its mapping form"):
@@ -141,13 +200,19 @@ def test_validate_input_keys():
 
 
 def test_text_normalizers_run_in_order_on_inputs_and_outputs():
-    contract = load({"text": {"kind": "text", "normalize": "strip"}},
-                    {"hyp": {"kind": "text", "normalize": ["strip", "to_upper"]},
-                     "low": {"kind": "text", "normalize": ["to_lower"]}})
+    contract = load(
+        {"text": {"kind": "text", "normalize": "strip"}},
+        {
+            "hyp": {"kind": "text", "normalize": ["strip", "to_upper"]},
+            "low": {"kind": "text", "normalize": ["to_lower"]},
+        },
+    )
     prepared, original = C.prepare_inference_inputs([{"text": "  Hi There ", "utt_id": "a"}], 0, contract, None)
     assert prepared == {0: {"text": "Hi There", "utt_id": "a"}}
     assert original == {0: {"text": "  Hi There ", "utt_id": "a"}}
-    out = C.validate_inference_outputs({"low": " MiXed ", "hyp": " hello world "}, 0, contract, None, original, "utt_id")
+    out = C.validate_inference_outputs(
+        {"low": " MiXed ", "hyp": " hello world "}, 0, contract, None, original, "utt_id"
+    )
     assert out == {"hyp": "HELLO WORLD", "low": " mixed ", "utt_id": "a"}
     assert list(out) == ["hyp", "low", "utt_id"]  # declared order, then the id
 
@@ -176,7 +241,10 @@ def test_inputs_missing_optional_and_non_mapping():
     contract = load({"text": {"kind": "text"}, "prompt": {"kind": "text", "optional": True}}, TEXT_IO[1])
     prepared, _ = C.prepare_inference_inputs(
         [{"text": "a"}, {"text": "b", "prompt": None}, {"text": "c", "prompt": "p", "extra": 1}],
-        [0, 1, 2], contract, None)
+        [0, 1, 2],
+        contract,
+        None,
+    )
     assert prepared == {0: {"text": "a"}, 1: {"text": "b"}, 2: {"text": "c", "prompt": "p", "extra": 1}}
     with pytest.raises(KeyError, match="contract.inputs.text: required input 'text' is missing from dataset index 0"):
         C.prepare_inference_inputs([{"prompt": "p"}], 0, contract, None)
@@ -190,24 +258,34 @@ def test_inputs_missing_optional_and_non_mapping():
 def test_batched_mapping_of_lists_is_split_and_ids_come_from_result_then_sample_then_index():
     contract = load(*TEXT_IO)
     original = {3: {"utt_id": "s3"}, 4: {}, 9: {"utt_id": "s9"}}
-    out = C.validate_inference_outputs({"hyp": ["a", "b", "c"], "utt_id": ["r3", "r4", "r9"]},
-                                       [3, 4, 9], contract, None, original, "utt_id")
+    out = C.validate_inference_outputs(
+        {"hyp": ["a", "b", "c"], "utt_id": ["r3", "r4", "r9"]}, [3, 4, 9], contract, None, original, "utt_id"
+    )
     assert out == [{"hyp": "a", "utt_id": "r3"}, {"hyp": "b", "utt_id": "r4"}, {"hyp": "c", "utt_id": "r9"}]
-    out = C.validate_inference_outputs([{"hyp": "a"}, {"hyp": "b"}, {"hyp": "c"}],
-                                       (3, 4, 9), contract, None, original, "utt_id")
+    out = C.validate_inference_outputs(
+        [{"hyp": "a"}, {"hyp": "b"}, {"hyp": "c"}], (3, 4, 9), contract, None, original, "utt_id"
+    )
     assert [o["utt_id"] for o in out] == ["s3", "4", "s9"]
     # a batch of one may return a bare mapping; a single index may return a one-item list
-    assert C.validate_inference_outputs({"hyp": "x"}, [4], contract, None, original, "utt_id") == [{"hyp": "x", "utt_id": "4"}]
-    assert C.validate_inference_outputs([{"hyp": "x"}], 4, contract, None, original, "utt_id") == {"hyp": "x", "utt_id": "4"}
+    assert C.validate_inference_outputs({"hyp": "x"}, [4], contract, None, original, "utt_id") == [
+        {"hyp": "x", "utt_id": "4"}
+    ]
+    assert C.validate_inference_outputs([{"hyp": "x"}], 4, contract, None, original, "utt_id") == {
+        "hyp": "x",
+        "utt_id": "4",
+    }
 
 
-@pytest.mark.parametrize("result, idx, error, text", [
-    ({"hyp": ["a"]}, [1, 2], ValueError, "one output mapping per sample"),
-    ([{"hyp": "a"}], [1, 2], ValueError, "one output mapping per sample"),
-    ({"hyp": "a", "score": 1}, 1, ValueError, "output(s) ['score'] are not declared in contract.outputs ['hyp']"),
-    ({}, 1, KeyError, "contract.outputs.hyp: declared output 'hyp' is missing"),
-    ("a", 1, TypeError, "dataset index 1: with a contract the model"),
-])
+@pytest.mark.parametrize(
+    "result, idx, error, text",
+    [
+        ({"hyp": ["a"]}, [1, 2], ValueError, "one output mapping per sample"),
+        ([{"hyp": "a"}], [1, 2], ValueError, "one output mapping per sample"),
+        ({"hyp": "a", "score": 1}, 1, ValueError, "output(s) ['score'] are not declared in contract.outputs ['hyp']"),
+        ({}, 1, KeyError, "contract.outputs.hyp: declared output 'hyp' is missing"),
+        ("a", 1, TypeError, "dataset index 1: with a contract the model"),
+    ],
+)
 def test_output_errors(result, idx, error, text):
     contract = load(*TEXT_IO)
     with pytest.raises(error) as info:
@@ -225,8 +303,9 @@ def test_idx_key_cannot_be_a_declared_output():
 
 
 def audio_contract(model_rate=None, **options):
-    return load({"speech": {"kind": "audio", **options}}, {"wav": {"kind": "audio", **options}}), \
-        SimpleNamespace(sample_rate=model_rate)
+    return load({"speech": {"kind": "audio", **options}}, {"wav": {"kind": "audio", **options}}), SimpleNamespace(
+        sample_rate=model_rate
+    )
 
 
 def prepare_one(value, model_rate=None, **options):
@@ -248,8 +327,10 @@ def test_layouts_pairs_and_unsigned_pcm():
     assert frames_last.array.flags.c_contiguous and frames_first.array.flags.c_contiguous
     assert prepare_one((np.int64(8000), np.ones((1, 5)))).array.shape == (5,)  # one channel is mono
     assert prepare_one((8000, np.ones((2, 1)))).array.shape == (2, 1)  # too short to tell: kept
-    np.testing.assert_array_equal(prepare_one((8000, np.array([0, 128, 255], dtype=np.uint8))).array,
-                                  np.array([-1.0, 0.0, 127 / 128], dtype=np.float32))
+    np.testing.assert_array_equal(
+        prepare_one((8000, np.array([0, 128, 255], dtype=np.uint8))).array,
+        np.array([-1.0, 0.0, 127 / 128], dtype=np.float32),
+    )
 
 
 def test_rate_comes_from_option_then_model_and_bare_arrays_need_one():
@@ -268,7 +349,9 @@ def test_tensors_are_taken_at_the_declared_rate():
 
 def test_channels_and_channel_normalizers():
     stereo = (8000, np.array([[0.5, 1.0], [0.25, 0.0], [0.0, -1.0]], dtype=np.float32))  # (frames, channels)
-    with pytest.raises(TypeError, match="input 'speech' of dataset index 0 has 2 channel.s., contract wants channels: 1"):
+    with pytest.raises(
+        TypeError, match="input 'speech' of dataset index 0 has 2 channel.s., contract wants channels: 1"
+    ):
         prepare_one(stereo, channels=1)
     first = prepare_one(stereo, channels=1, normalize=["first_channel"])
     np.testing.assert_array_equal(first.array, [0.5, 0.25, 0.0])
@@ -297,10 +380,14 @@ def test_resampling_with_librosa():
 
 def test_outputs_bare_arrays_take_the_rate_and_nan_is_refused():
     contract, model = audio_contract(model_rate=16000)
-    out = C.validate_inference_outputs({"wav": np.zeros((3, 100), dtype=np.int16)}, 0, contract, model, {0: {}}, "utt_id")
+    out = C.validate_inference_outputs(
+        {"wav": np.zeros((3, 100), dtype=np.int16)}, 0, contract, model, {0: {}}, "utt_id"
+    )
     assert out["wav"].rate == 16000 and out["wav"].array.shape == (3, 100)
     with pytest.raises(TypeError, match="output 'wav' of dataset index 0 is a bare array"):
-        C.validate_inference_outputs({"wav": np.zeros(3)}, 0, contract, SimpleNamespace(sample_rate=None), {0: {}}, "utt_id")
+        C.validate_inference_outputs(
+            {"wav": np.zeros(3)}, 0, contract, SimpleNamespace(sample_rate=None), {0: {}}, "utt_id"
+        )
     with pytest.raises(ValueError, match=r"^output 'wav' of dataset index 0: audio samples must be finite"):
         C.validate_inference_outputs({"wav": np.array([0.0, np.nan])}, 0, contract, model, {0: {}}, "utt_id")
     with pytest.raises(TypeError, match=r"output 'wav' of dataset index 0: audio must be an Audio"):
@@ -331,7 +418,8 @@ def test_module_imports_and_runs_without_espnet3_torch_librosa_soundfile(tmp_pat
         assert not contract.delegates()
         c = contract.load_inference_contract({{"inputs": {{"speech": {{"kind": "audio", "sample_rate": 8000}}}},
                                               "outputs": {{"text": {{"kind": "text", "normalize": "to_upper"}}}}}})
-        prepared, original = contract.prepare_inference_inputs([{{"speech": (8000, np.zeros(3, np.int16))}}], 0, c, None)
+        batch = [{{"speech": (8000, np.zeros(3, np.int16))}}]
+        prepared, original = contract.prepare_inference_inputs(batch, 0, c, None)
         assert prepared[0]["speech"].rate == 8000
         out = contract.validate_inference_outputs({{"text": "ok"}}, 0, c, None, original, "utt_id")
         assert out == {{"text": "OK", "utt_id": "0"}}, out
@@ -379,7 +467,11 @@ def assert_same(ours, theirs, where="value"):
         assert_same(ours.array, theirs.array, where + ".array")
     elif isinstance(ours, np.ndarray) or isinstance(theirs, np.ndarray):
         assert type(ours) is type(theirs), where
-        assert (ours.dtype, ours.shape, ours.flags.c_contiguous) == (theirs.dtype, theirs.shape, theirs.flags.c_contiguous), where
+        assert (ours.dtype, ours.shape, ours.flags.c_contiguous) == (
+            theirs.dtype,
+            theirs.shape,
+            theirs.flags.c_contiguous,
+        ), where
         assert ours.tobytes() == theirs.tobytes(), where
     elif hasattr(ours, "detach"):  # a tensor passed through (an original sample)
         assert type(ours) is type(theirs), where
@@ -421,13 +513,16 @@ def assert_parity(run):
 
 def pipeline(contract_config, dataset, idx, result, model=None, idx_key="utt_id", input_key=None):
     """load, validate_input_keys, prepare, validate outputs: the path InferenceRunner.forward takes."""
+
     def run(api):
         contract = api.load_inference_contract(contract_config)
         contract.validate_input_keys(input_key or [f for f in contract_config["inputs"]])
         prepared, original = api.prepare_inference_inputs(dataset, idx, contract, model)
-        outputs = api.validate_inference_outputs(result(prepared) if callable(result) else result,
-                                                 idx, contract, model, original, idx_key)
+        outputs = api.validate_inference_outputs(
+            result(prepared) if callable(result) else result, idx, contract, model, original, idx_key
+        )
         return prepared, original, outputs
+
     return run
 
 
@@ -448,8 +543,25 @@ def test_parity_text(normalize):
 
 
 @parity
-@pytest.mark.parametrize("value", [0, -3, 2.5, float("inf"), np.float32(0.1), np.float64(1e-300), np.int64(-9),
-                                   np.uint8(200), True, np.bool_(True), "1", None, [1], 1 + 0j])
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        -3,
+        2.5,
+        float("inf"),
+        np.float32(0.1),
+        np.float64(1e-300),
+        np.int64(-9),
+        np.uint8(200),
+        True,
+        np.bool_(True),
+        "1",
+        None,
+        [1],
+        1 + 0j,
+    ],
+)
 def test_parity_number(value):
     config = {"inputs": {"x": {"kind": "text"}}, "outputs": {"score": {"kind": "number"}}}
     assert_parity(pipeline(config, [{"x": "a"}], 0, {"score": value}))
@@ -460,7 +572,7 @@ def _arrays():
     return {
         "int16_mono": rng.integers(-32768, 32767, 50, dtype=np.int16),
         "int16_stereo_frames_first": rng.integers(-32768, 32767, (50, 2), dtype=np.int16),
-        "int32_stereo_channels_first": rng.integers(-2**31, 2**31 - 1, (2, 50), dtype=np.int32),
+        "int32_stereo_channels_first": rng.integers(-(2**31), 2**31 - 1, (2, 50), dtype=np.int32),
         "uint8_mono": rng.integers(0, 255, 50, dtype=np.uint8),
         "float32_mono": rng.standard_normal(50).astype(np.float32),
         "float32_stereo_frames_first": rng.standard_normal((50, 2)).astype(np.float32),
@@ -493,16 +605,20 @@ AUDIO_VALUES = _audio_values()
 
 
 @parity
-@pytest.mark.parametrize("options", [
-    {"sample_rate": 16000},
-    {"sample_rate": 16000, "rate_policy": "reject"},
-    {"sample_rate": 16000, "channels": 1},
-    {"sample_rate": 16000, "channels": 2},
-    {"sample_rate": 16000, "normalize": ["first_channel"], "channels": 1},
-    {"sample_rate": 16000, "normalize": "mean_channels"},
-    {"normalize": ["mean_channels", "first_channel"]},
-    {},
-], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "no-options")
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"sample_rate": 16000},
+        {"sample_rate": 16000, "rate_policy": "reject"},
+        {"sample_rate": 16000, "channels": 1},
+        {"sample_rate": 16000, "channels": 2},
+        {"sample_rate": 16000, "normalize": ["first_channel"], "channels": 1},
+        {"sample_rate": 16000, "normalize": "mean_channels"},
+        {"normalize": ["mean_channels", "first_channel"]},
+        {},
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "no-options",
+)
 @pytest.mark.parametrize("name", sorted(AUDIO_VALUES))
 def test_parity_audio_inputs_and_outputs(options, name):
     value = AUDIO_VALUES[name]
@@ -529,12 +645,15 @@ def test_parity_audio_tensors(dtype, layout):
 def test_parity_audio_objects_each_side_its_own_class():
     UpAudio = upstream_audio_class()
     array = np.arange(-50, 50, dtype=np.int16).reshape(50, 2)
-    config = {"inputs": {"speech": {"kind": "audio", "sample_rate": 16000}},
-              "outputs": {"wav": {"kind": "audio", "normalize": "first_channel"}}}
+    config = {
+        "inputs": {"speech": {"kind": "audio", "sample_rate": 16000}},
+        "outputs": {"wav": {"kind": "audio", "normalize": "first_channel"}},
+    }
 
     def run(api):
         audio = (C.Audio if api is C else UpAudio)(array, 16000)
         return pipeline(config, [{"speech": audio}], [0], {"wav": [audio]})(api)
+
     assert_parity(run)
 
 
@@ -548,13 +667,19 @@ def test_parity_audio_files(tmp_path, subtype, channels):
     rng = np.random.default_rng(channels)
     path = tmp_path / f"a.{subtype}.wav"
     soundfile.write(path, rng.uniform(-1, 1, (300, channels)), 16000, subtype=subtype)
-    for options in ({"sample_rate": 16000}, {"sample_rate": 16000, "rate_policy": "reject"},
-                    {"normalize": "first_channel"}, {}):
+    for options in (
+        {"sample_rate": 16000},
+        {"sample_rate": 16000, "rate_policy": "reject"},
+        {"normalize": "first_channel"},
+        {},
+    ):
         config = {"inputs": {"speech": {"kind": "audio", **options}}, "outputs": {"wav": {"kind": "audio", **options}}}
         for value in (path, str(path)):
             assert_parity(pipeline(config, [{"speech": value}], 0, {"wav": value}))
-    config = {"inputs": {"speech": {"kind": "audio", "sample_rate": 8000, "rate_policy": "reject"}},
-              "outputs": {"wav": {"kind": "text"}}}
+    config = {
+        "inputs": {"speech": {"kind": "audio", "sample_rate": 8000, "rate_policy": "reject"}},
+        "outputs": {"wav": {"kind": "text"}},
+    }
     assert_parity(pipeline(config, [{"speech": path}], 0, {"wav": "x"}))  # both refuse the 16 kHz file
 
 
@@ -563,11 +688,20 @@ def test_parity_audio_files(tmp_path, subtype, channels):
 @pytest.mark.parametrize("source_rate", [8000, 22050, 44100])
 def test_parity_resampling(source_rate):
     rng = np.random.default_rng(source_rate)
-    config = {"inputs": {"speech": {"kind": "audio", "sample_rate": 16000}},
-              "outputs": {"wav": {"kind": "audio", "normalize": "mean_channels"}}}
+    config = {
+        "inputs": {"speech": {"kind": "audio", "sample_rate": 16000}},
+        "outputs": {"wav": {"kind": "audio", "normalize": "mean_channels"}},
+    }
     for array in (rng.uniform(-1, 1, 700).astype(np.float32), rng.integers(-3000, 3000, (700, 2), dtype=np.int16)):
-        assert_parity(pipeline(config, [{"speech": (source_rate, array)}], 0, {"wav": (source_rate, array)},
-                               model=SimpleNamespace(sample_rate=16000)))
+        assert_parity(
+            pipeline(
+                config,
+                [{"speech": (source_rate, array)}],
+                0,
+                {"wav": (source_rate, array)},
+                model=SimpleNamespace(sample_rate=16000),
+            )
+        )
 
 
 @parity
@@ -578,14 +712,34 @@ def test_parity_resampling_without_librosa_raises_the_same_type(monkeypatch):
 
 
 @parity
-@pytest.mark.parametrize("case", [
-    "split", "list", "one_in_batch", "list_for_single", "count", "extra", "missing", "not_mapping",
-    "tuple_result", "reserved", "idx_from_result", "empty_batch_mapping", "optional_dropped", "optional_none",
-    "required_missing", "sample_not_mapping", "idx_key_other", "int_ids",
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "split",
+        "list",
+        "one_in_batch",
+        "list_for_single",
+        "count",
+        "extra",
+        "missing",
+        "not_mapping",
+        "tuple_result",
+        "reserved",
+        "idx_from_result",
+        "empty_batch_mapping",
+        "optional_dropped",
+        "optional_none",
+        "required_missing",
+        "sample_not_mapping",
+        "idx_key_other",
+        "int_ids",
+    ],
+)
 def test_parity_outputs_and_inputs(case):
-    io = {"inputs": {"text": {"kind": "text"}, "prompt": {"kind": "text", "optional": True}},
-          "outputs": {"hyp": {"kind": "text", "normalize": "strip"}, "n": {"kind": "number"}}}
+    io = {
+        "inputs": {"text": {"kind": "text"}, "prompt": {"kind": "text", "optional": True}},
+        "outputs": {"hyp": {"kind": "text", "normalize": "strip"}, "n": {"kind": "number"}},
+    }
     data = [{"text": "a", "utt_id": "x"}, {"text": "b", "prompt": "p"}, {"text": "c", "prompt": None, "utt_id": 7}]
     cases = {
         "split": (data, [0, 1, 2], {"n": [1, 2, 3], "hyp": [" a ", "b ", " c"]}),
@@ -622,8 +776,14 @@ BAD_CONFIGS = {
     "unknown_kind": {"inputs": {"x": {"kind": "video"}}, "outputs": {"y": {"kind": "text"}}},
     "unknown_option": {"inputs": {"x": {"kind": "text", "lang": "en"}}, "outputs": {"y": {"kind": "text"}}},
     "name_option": {"inputs": {"x": {"kind": "text", "name": "z"}}, "outputs": {"y": {"kind": "text"}}},
-    "unknown_normalizer": {"inputs": {"x": {"kind": "text", "normalize": ["nfkc"]}}, "outputs": {"y": {"kind": "text"}}},
-    "audio_normalizer_on_text": {"inputs": {"x": {"kind": "text", "normalize": "first_channel"}}, "outputs": {"y": {"kind": "text"}}},
+    "unknown_normalizer": {
+        "inputs": {"x": {"kind": "text", "normalize": ["nfkc"]}},
+        "outputs": {"y": {"kind": "text"}},
+    },
+    "audio_normalizer_on_text": {
+        "inputs": {"x": {"kind": "text", "normalize": "first_channel"}},
+        "outputs": {"y": {"kind": "text"}},
+    },
     "normalize_not_names": {"inputs": {"x": {"kind": "text", "normalize": [1]}}, "outputs": {"y": {"kind": "text"}}},
     "normalize_mapping": {"inputs": {"x": {"kind": "text", "normalize": {"a": 1}}}, "outputs": {"y": {"kind": "text"}}},
     "rate_zero": {"inputs": {"x": {"kind": "audio", "sample_rate": 0}}, "outputs": {"y": {"kind": "text"}}},
@@ -646,6 +806,7 @@ BAD_CONFIGS = {
 def test_parity_config_errors_have_espnet3s_exception_types(name):
     def run(api):
         return api.load_inference_contract(BAD_CONFIGS[name])
+
     (ours_kind, ours), (their_kind, theirs) = run_both(run)
     assert their_kind == ours_kind == "error", (ours, theirs)
     assert isinstance(ours, type(theirs)) and isinstance(ours, ConfigError), (ours, theirs)
@@ -654,23 +815,42 @@ def test_parity_config_errors_have_espnet3s_exception_types(name):
 
 @parity
 def test_parity_good_configs_declare_the_same_fields():
-    config = {"imports": [], "inputs": {"speech": {"kind": "audio", "sample_rate": 16000, "rate_policy": "reject",
-                                                   "channels": 1, "label": "Input audio", "normalize": "first_channel"},
-                                        "prompt_text": {"kind": "text", "optional": True}},
-              "outputs": {"text": {"kind": "text", "normalize": ["strip", "to_lower"]}, "n": {"kind": "number"}}}
+    config = {
+        "imports": [],
+        "inputs": {
+            "speech": {
+                "kind": "audio",
+                "sample_rate": 16000,
+                "rate_policy": "reject",
+                "channels": 1,
+                "label": "Input audio",
+                "normalize": "first_channel",
+            },
+            "prompt_text": {"kind": "text", "optional": True},
+        },
+        "outputs": {"text": {"kind": "text", "normalize": ["strip", "to_lower"]}, "n": {"kind": "number"}},
+    }
     ours, theirs = C.load_inference_contract(config), UP.load_inference_contract(config)
     assert ours.imports == theirs.imports
     for a, b in zip(ours.inputs + ours.outputs, theirs.inputs + theirs.outputs, strict=True):
-        assert (a.name, a.kind, a.label, a.optional, a.channels, dict(a.options)) == \
-            (b.name, b.kind, b.label, b.optional, b.channels, dict(b.options))
+        assert (a.name, a.kind, a.label, a.optional, a.channels, dict(a.options)) == (
+            b.name,
+            b.kind,
+            b.label,
+            b.optional,
+            b.channels,
+            dict(b.options),
+        )
 
 
 @parity
 def test_with_espnet3_importable_every_function_is_espnet3s(monkeypatch):
     monkeypatch.setattr(C, "STANDALONE", False)
     assert C.delegates() and C.upstream_module() is UP
-    config = {"inputs": {"speech": {"kind": "audio", "sample_rate": 8000}},
-              "outputs": {"seg": {"kind": "segments"}, "wav": {"kind": "audio"}}}
+    config = {
+        "inputs": {"speech": {"kind": "audio", "sample_rate": 8000}},
+        "outputs": {"seg": {"kind": "segments"}, "wav": {"kind": "audio"}},
+    }
     contract = C.load_inference_contract(config)
     assert isinstance(contract, UP.InferenceContract)
     assert isinstance(C.resolve_inference_contract(config), UP.InferenceContract)
@@ -679,8 +859,14 @@ def test_with_espnet3_importable_every_function_is_espnet3s(monkeypatch):
     ours = C.Audio(np.arange(6, dtype=np.int16).reshape(3, 2), 8000)
     prepared, original = C.prepare_inference_inputs([{"speech": ours}], [0], contract, None)
     assert isinstance(prepared[0]["speech"], upstream_audio_class())
-    out = C.validate_inference_outputs({"seg": [[{"text": "a", "start": 0, "end": 1}]], "wav": [ours]},
-                                       [0], contract, SimpleNamespace(sample_rate=8000), original, "utt_id")
+    out = C.validate_inference_outputs(
+        {"seg": [[{"text": "a", "start": 0, "end": 1}]], "wav": [ours]},
+        [0],
+        contract,
+        SimpleNamespace(sample_rate=8000),
+        original,
+        "utt_id",
+    )
     assert isinstance(out[0]["wav"], upstream_audio_class()) and out[0]["utt_id"] == "0"
     np.testing.assert_array_equal(out[0]["wav"].array, ours.array)
     # a standalone contract stays ours even then
@@ -693,8 +879,10 @@ def test_with_espnet3_importable_every_function_is_espnet3s(monkeypatch):
 def test_contracts_and_audio_survive_pickling_for_workers():
     import pickle
 
-    contract = load({"speech": {"kind": "audio", "sample_rate": 8000, "normalize": "first_channel"}},
-                    {"text": {"kind": "text", "normalize": ["strip"]}})
+    contract = load(
+        {"speech": {"kind": "audio", "sample_rate": 8000, "normalize": "first_channel"}},
+        {"text": {"kind": "text", "normalize": ["strip"]}},
+    )
     again = pickle.loads(pickle.dumps(contract))
     assert again == contract
     audio = pickle.loads(pickle.dumps(C.Audio(np.zeros((2, 5), np.int16), 8000)))

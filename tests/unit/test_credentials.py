@@ -11,16 +11,21 @@ import sys
 
 import pytest
 
-from espnet3_prefect.server.auth import (
-    ClientCredentials, CredentialFileError, load_client_environ, new_auth_string, read_client_file, write_client_file,
-)
-from espnet3_prefect.server.host import auth_required, resolve_host
+from espnet3_prefect._internal.util import CLIENT_FILE_PRELOAD, CLIENT_FILE_VAR
+from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.backends import cluster_kwargs
 from espnet3_prefect.execution.backends.base import exported_environment
 from espnet3_prefect.execution.backends.preview import render_job_script
-from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect._internal.util import CLIENT_FILE_VAR, CLIENT_FILE_PRELOAD
+from espnet3_prefect.server.auth import (
+    ClientCredentials,
+    CredentialFileError,
+    load_client_environ,
+    new_auth_string,
+    read_client_file,
+    write_client_file,
+)
+from espnet3_prefect.server.host import auth_required, resolve_host
 
 SECRET = "espnet3:unit-test-secret-0123456789"
 
@@ -49,17 +54,20 @@ def _bad(tmp_path, text, mode=0o600):
     return path
 
 
-@pytest.mark.parametrize("make, words", [
-    (lambda d: d / "absent.json", "missing"),
-    (lambda d: _bad(d, '{"api_url": "http://h:1/api", "auth_string": "u:p"}', 0o644), "mode 0644"),
-    (lambda d: _bad(d, "", 0o600), "empty"),
-    (lambda d: _bad(d, "api_url=http://h", 0o600), "not JSON"),
-    (lambda d: _bad(d, "[1, 2]", 0o600), "not a JSON object"),
-    (lambda d: _bad(d, '{"api_url": "h:1/api"}', 0o600), "api_url must be an http(s):// URL"),
-    (lambda d: _bad(d, '{"api_url": "http://h:1/api", "auth_string": "nocolon"}', 0o600), "user:password"),
-    (lambda d: _bad(d, '{"api_url": "http://h:1/api", "auth_string": ""}', 0o600), "non-empty string"),
-    (lambda d: d, "not a regular file"),
-])
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda d: d / "absent.json", "missing"),
+        (lambda d: _bad(d, '{"api_url": "http://h:1/api", "auth_string": "u:p"}', 0o644), "mode 0644"),
+        (lambda d: _bad(d, "", 0o600), "empty"),
+        (lambda d: _bad(d, "api_url=http://h", 0o600), "not JSON"),
+        (lambda d: _bad(d, "[1, 2]", 0o600), "not a JSON object"),
+        (lambda d: _bad(d, '{"api_url": "h:1/api"}', 0o600), "api_url must be an http(s):// URL"),
+        (lambda d: _bad(d, '{"api_url": "http://h:1/api", "auth_string": "nocolon"}', 0o600), "user:password"),
+        (lambda d: _bad(d, '{"api_url": "http://h:1/api", "auth_string": ""}', 0o600), "non-empty string"),
+        (lambda d: d, "not a regular file"),
+    ],
+)
 def test_bad_client_file_is_one_line_naming_it(tmp_path, make, words):
     path = make(tmp_path)
     with pytest.raises(CredentialFileError) as err:
@@ -91,15 +99,24 @@ def test_hosts_resolve():
         resolve_host("no-such-host.invalid")
 
 
-ENVIRON = {"PREFECT_API_URL": "http://10.0.0.5:4200/api", "PYTHONPATH": "/home/user/recipes/asr",
-           CLIENT_FILE_VAR: "/shared/proj/.e3p/prefect/api-client.json", "PREFECT_API_AUTH_STRING": SECRET}
-SLURM = {"env": "slurm", "n_workers": 2, "options": {"queue": "cpu", "cores": 1, "memory": "1GB",
-                                                     "walltime": "00:30:00"}}
+ENVIRON = {
+    "PREFECT_API_URL": "http://10.0.0.5:4200/api",
+    "PYTHONPATH": "/home/user/recipes/asr",
+    CLIENT_FILE_VAR: "/shared/proj/.e3p/prefect/api-client.json",
+    "PREFECT_API_AUTH_STRING": SECRET,
+}
+SLURM = {
+    "env": "slurm",
+    "n_workers": 2,
+    "options": {"queue": "cpu", "cores": 1, "memory": "1GB", "walltime": "00:30:00"},
+}
 
 
 def test_job_script_gets_the_file_path_and_the_preload_never_the_credential():
-    assert exported_environment(ENVIRON) == {"PYTHONPATH": "/home/user/recipes/asr",
-                                             CLIENT_FILE_VAR: ENVIRON[CLIENT_FILE_VAR]}
+    assert exported_environment(ENVIRON) == {
+        "PYTHONPATH": "/home/user/recipes/asr",
+        CLIENT_FILE_VAR: ENVIRON[CLIENT_FILE_VAR],
+    }
     spec = ParallelSpec.from_config(SLURM)
     kwargs = cluster_kwargs(spec, job_name="e3p-x", log_directory="/tmp/logs", environ=ENVIRON)
     script = render_job_script(backends_class("slurm"), kwargs)
@@ -160,6 +177,7 @@ def test_preload_sets_the_api_or_stops_on_one_line(tmp_path, good_file):
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines() == [
         f"espnet3-prefect worker: Prefect client file {good_file}: mode 0644 lets other users read the credential; "
-        f"it must be 0600 (chmod 600 {good_file})"]
+        f"it must be 0600 (chmod 600 {good_file})"
+    ]
     unset = _preload(tmp_path, None)
     assert unset.returncode == 1 and f"{CLIENT_FILE_VAR} is not set" in unset.stderr

@@ -165,9 +165,7 @@ def _write_raw_wav(path: Path, channels: int, width: int) -> None:
         w.writeframes(b"\x80" * (channels * width * 100))
 
 
-@pytest.mark.parametrize(
-    ("name", "channels", "width"), [("stereo.wav", 2, 2), ("eightbit.wav", 1, 1)]
-)
+@pytest.mark.parametrize(("name", "channels", "width"), [("stereo.wav", 2, 2), ("eightbit.wav", 1, 1)])
 def test_read_wav_rejects_bad_format(tmp_path: Path, name: str, channels: int, width: int) -> None:
     path = tmp_path / name
     _write_raw_wav(path, channels, width)
@@ -200,6 +198,7 @@ def test_collapse() -> None:
 
 # -- impairments: the demo's test_noisy makes a few real, known errors ---------------------------
 
+
 @pytest.mark.parametrize("kind", IMPAIRMENTS)
 def test_each_impairment_is_misheard_exactly_as_heard_says(decoder: DTMFDecoder, kind: str) -> None:
     rng = np.random.default_rng(21)
@@ -208,7 +207,7 @@ def test_each_impairment_is_misheard_exactly_as_heard_says(decoder: DTMFDecoder,
         digits = _random_digits(rng, 2, 8)
         if kind == "merged":
             at = len(digits) // 2
-            digits = digits[:at] + digits[at - 1] + digits[at + 1:]
+            digits = digits[:at] + digits[at - 1] + digits[at + 1 :]
         assert heard(digits, kind) != digits and abs(len(heard(digits, kind)) - len(digits)) <= 1
         for noise_db in (-35.0, -22.0):
             cases.append((digits, seed, noise_db))
@@ -241,7 +240,8 @@ def test_corpus_with_impairments_lists_them_and_decodes_to_them(tmp_path: Path, 
     assert not (plain / "impairments").exists()
     same = [(u, t) for (u, _, t) in read_corpus(plain)]
     assert [x for i, x in enumerate(same) if i % 10 != 5] == [
-        (u, t) for i, (u, _, t) in enumerate(corpus) if i % 10 != 5]  # only the impaired ones differ
+        (u, t) for i, (u, _, t) in enumerate(corpus) if i % 10 != 5
+    ]  # only the impaired ones differ
     for i, (_, path, _) in enumerate(read_corpus(plain)):  # the audio too, byte for byte
         assert (path.read_bytes() == (out / "wav" / path.name).read_bytes()) == (i % 10 != 5), path.name
 
@@ -257,7 +257,7 @@ def test_demo_test_sets_clean_has_no_error_noisy_has_eight(tmp_path: Path, decod
         corpus = read_corpus(folder)
         hyps: list[str] = []
         for i in range(0, len(corpus), 50):
-            hyps += decoder(*collate([read_wav(path)[0] for _, path, _ in corpus[i:i + 50]]))
+            hyps += decoder(*collate([read_wav(path)[0] for _, path, _ in corpus[i : i + 50]]))
         errors[folder.name] = {u: (ref, h) for (u, _, ref), h in zip(corpus, hyps) if h != ref}
     assert len(read_corpus(noisy)) == DEMO_TEST_SETS["test_noisy"]["n_utts"] == 200
     assert errors["test_clean"] == {}

@@ -27,6 +27,7 @@ from espnet3_prefect.execution.spec import ParallelSpec
 def load_cluster_class(env):
     return backends.get(env).load_cluster_class()
 
+
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
 JOB_NAME = "e3p-0123456789"
 LOG_DIR = f"/shared/exp/inference/.dask-jobs/{JOB_NAME}"
@@ -34,35 +35,118 @@ ENVIRON = {"PREFECT_API_URL": "http://login01:4200/api", "PYTHONPATH": "/home/us
 PROLOGUE = ["module load cuda/12.1", "source /home/user/venvs/espnet/bin/activate"]
 
 BLOCKS = {
-    "slurm_gpu": {"env": "slurm", "n_workers": 4, "options": {
-        "queue": "gpu", "account": "speech-lab", "cores": 8, "processes": 1, "memory": "64GB",
-        "walltime": "04:00:00", "interface": "ib0", "job_extra_directives": ["--gres=gpu:1", "--constraint=a100"],
-        "job_script_prologue": PROLOGUE}},
-    "sge_gpu": {"env": "sge", "n_workers": 2, "options": {
-        "queue": "gpu.q", "project": "speech-lab", "cores": 4, "processes": 1, "memory": "32GB",
-        "resource_spec": "gpu=1,h_vmem=8G", "walltime": "02:00:00", "job_script_prologue": PROLOGUE}},
-    "pbs_gpu": {"env": "pbs", "n_workers": 4, "options": {
-        "queue": "gpu", "account": "speech-lab", "cores": 8, "processes": 1, "memory": "64GB",
-        "resource_spec": "select=1:ncpus=8:ngpus=1:mem=64GB", "walltime": "04:00:00",
-        "job_script_prologue": PROLOGUE}},
-    "lsf_gpu": {"env": "lsf", "n_workers": 2, "options": {
-        "queue": "gpu", "project": "speech-lab", "cores": 4, "processes": 1, "memory": "32GB",
-        "walltime": "02:00", "job_extra_directives": ['-gpu "num=1:mode=exclusive_process"'],
-        "job_script_prologue": PROLOGUE}},
-    "htcondor_gpu": {"env": "htcondor", "n_workers": 2, "options": {
-        "cores": 4, "processes": 1, "memory": "16GB", "disk": "10GB",
-        "job_extra_directives": {"request_gpus": "1", "+ProjectName": '"speech-lab"'},
-        "job_script_prologue": PROLOGUE}},
-    "moab_cpu": {"env": "moab", "n_workers": 8, "options": {
-        "queue": "batch", "account": "speech-lab", "cores": 8, "processes": 2, "memory": "32GB",
-        "walltime": "08:00:00", "resource_spec": "nodes=1:ppn=8", "job_script_prologue": PROLOGUE}},
-    "oar_cpu": {"env": "oar", "n_workers": 2, "options": {
-        "queue": "default", "project": "speech-lab", "cores": 4, "processes": 1, "memory": "16GB",
-        "walltime": "02:00:00", "memory_per_core_property_name": "memcore",
-        "job_extra_directives": ["-t besteffort"], "job_script_prologue": PROLOGUE}},
-    "slurm_margin": {"env": "slurm", "n_workers": 2, "lifetime_margin_s": 900, "options": {
-        "queue": "long", "cores": 2, "memory": "8GB", "walltime": "1-00:00:00", "job_name": "asr-decode",
-        "log_directory": "/scratch/user/dask-logs", "worker_extra_args": ["--dashboard-address", ":8790"]}},
+    "slurm_gpu": {
+        "env": "slurm",
+        "n_workers": 4,
+        "options": {
+            "queue": "gpu",
+            "account": "speech-lab",
+            "cores": 8,
+            "processes": 1,
+            "memory": "64GB",
+            "walltime": "04:00:00",
+            "interface": "ib0",
+            "job_extra_directives": ["--gres=gpu:1", "--constraint=a100"],
+            "job_script_prologue": PROLOGUE,
+        },
+    },
+    "sge_gpu": {
+        "env": "sge",
+        "n_workers": 2,
+        "options": {
+            "queue": "gpu.q",
+            "project": "speech-lab",
+            "cores": 4,
+            "processes": 1,
+            "memory": "32GB",
+            "resource_spec": "gpu=1,h_vmem=8G",
+            "walltime": "02:00:00",
+            "job_script_prologue": PROLOGUE,
+        },
+    },
+    "pbs_gpu": {
+        "env": "pbs",
+        "n_workers": 4,
+        "options": {
+            "queue": "gpu",
+            "account": "speech-lab",
+            "cores": 8,
+            "processes": 1,
+            "memory": "64GB",
+            "resource_spec": "select=1:ncpus=8:ngpus=1:mem=64GB",
+            "walltime": "04:00:00",
+            "job_script_prologue": PROLOGUE,
+        },
+    },
+    "lsf_gpu": {
+        "env": "lsf",
+        "n_workers": 2,
+        "options": {
+            "queue": "gpu",
+            "project": "speech-lab",
+            "cores": 4,
+            "processes": 1,
+            "memory": "32GB",
+            "walltime": "02:00",
+            "job_extra_directives": ['-gpu "num=1:mode=exclusive_process"'],
+            "job_script_prologue": PROLOGUE,
+        },
+    },
+    "htcondor_gpu": {
+        "env": "htcondor",
+        "n_workers": 2,
+        "options": {
+            "cores": 4,
+            "processes": 1,
+            "memory": "16GB",
+            "disk": "10GB",
+            "job_extra_directives": {"request_gpus": "1", "+ProjectName": '"speech-lab"'},
+            "job_script_prologue": PROLOGUE,
+        },
+    },
+    "moab_cpu": {
+        "env": "moab",
+        "n_workers": 8,
+        "options": {
+            "queue": "batch",
+            "account": "speech-lab",
+            "cores": 8,
+            "processes": 2,
+            "memory": "32GB",
+            "walltime": "08:00:00",
+            "resource_spec": "nodes=1:ppn=8",
+            "job_script_prologue": PROLOGUE,
+        },
+    },
+    "oar_cpu": {
+        "env": "oar",
+        "n_workers": 2,
+        "options": {
+            "queue": "default",
+            "project": "speech-lab",
+            "cores": 4,
+            "processes": 1,
+            "memory": "16GB",
+            "walltime": "02:00:00",
+            "memory_per_core_property_name": "memcore",
+            "job_extra_directives": ["-t besteffort"],
+            "job_script_prologue": PROLOGUE,
+        },
+    },
+    "slurm_margin": {
+        "env": "slurm",
+        "n_workers": 2,
+        "lifetime_margin_s": 900,
+        "options": {
+            "queue": "long",
+            "cores": 2,
+            "memory": "8GB",
+            "walltime": "1-00:00:00",
+            "job_name": "asr-decode",
+            "log_directory": "/scratch/user/dask-logs",
+            "worker_extra_args": ["--dashboard-address", ":8790"],
+        },
+    },
 }
 
 
@@ -84,8 +168,9 @@ def check_snapshot(name: str, text: str) -> None:
 
 def job_script(block: dict) -> str:
     spec = ParallelSpec.from_config(block)
-    kwargs = cluster_kwargs(spec, job_name=f"{spec.options.get('job_name') or 'e3p'}-0123456789",
-                            log_directory=LOG_DIR, environ=ENVIRON)
+    kwargs = cluster_kwargs(
+        spec, job_name=f"{spec.options.get('job_name') or 'e3p'}-0123456789", log_directory=LOG_DIR, environ=ENVIRON
+    )
     # what cluster-script prints: the job script, or for OAR (script submitted inline) the oarsub command
     _kind, text = backends.get(spec.env).preview(spec, kwargs)
     return normalise(text)
@@ -116,17 +201,24 @@ def test_what_every_job_script_gets_from_us():
 def test_rendering_submits_nothing_and_creates_no_folder(tmp_path):
     logs = tmp_path / "not" / "yet"
     spec = ParallelSpec.from_config({"env": "slurm", "options": {"cores": 1, "memory": "1GB"}})
-    script = render_job_script(load_cluster_class("slurm"),
-                               cluster_kwargs(spec, log_directory=str(logs), environ={}))
+    script = render_job_script(load_cluster_class("slurm"), cluster_kwargs(spec, log_directory=str(logs), environ={}))
     assert f"#SBATCH -e {logs}/e3p-preview-%J.err" in script
     assert not (tmp_path / "not").exists()
 
 
-KUBE_BLOCK = {"env": "kube", "n_workers": 3, "options": {
-    "image": "registry.example.org/speech/e3p-asr:1.4", "namespace": "speech",
-    "resources": {"limits": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
-                  "requests": {"cpu": "4", "memory": "16Gi"}},
-    "env": {"HF_HOME": "/cache/hf"}}}
+KUBE_BLOCK = {
+    "env": "kube",
+    "n_workers": 3,
+    "options": {
+        "image": "registry.example.org/speech/e3p-asr:1.4",
+        "namespace": "speech",
+        "resources": {
+            "limits": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+            "requests": {"cpu": "4", "memory": "16Gi"},
+        },
+        "env": {"HF_HOME": "/cache/hf"},
+    },
+}
 
 
 def kube_kwargs() -> dict:
@@ -138,5 +230,5 @@ def test_kube_cluster_arguments_snapshot():
 
 
 def test_kube_cluster_resource_snapshot():
-    pytest.importorskip("dask_kubernetes", reason="dask-kubernetes not installed (pip install \"espnet3-prefect[kube]\")")
+    pytest.importorskip("dask_kubernetes", reason='dask-kubernetes not installed (pip install "espnet3-prefect[kube]")')
     check_snapshot("kube_dask_cluster", normalise(dump_yaml(render_kube_spec(kube_kwargs()))))

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
+from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution import backends
 from espnet3_prefect.execution.backends import cluster_kwargs
 from espnet3_prefect.execution.backends.jobs import QueuedJob, _ours, job_log_files, run_job_name, run_tag, tail
 from espnet3_prefect.execution.backends.walltime import default_margin_s, worker_lifetime
 from espnet3_prefect.execution.cluster import cancel_jobs_hook
-from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec, build_task_runner
 from tests.conftest import ROOT, write_yaml
 
@@ -36,23 +36,39 @@ def spec(env="slurm", n_workers=2, margin=None, **options):
     return ParallelSpec.from_config(block)
 
 
-@pytest.mark.parametrize("env, text, seconds", [
-    ("slurm", "30", 1800), ("slurm", "10:30", 630), ("slurm", "04:00:00", 14400), ("slurm", "2-00", 172800),
-    ("slurm", "1-12:30", 131400), ("pbs", "04:00:00", 14400), ("pbs", "90", 90), ("sge", "02:00:00", 7200),
-    ("sge", "3600", 3600), ("lsf", "02:30", 9000), ("lsf", "45", 2700), ("moab", "08:00:00", 28800),
-    ("oar", "2", 7200), ("oar", "1:30", 5400),
-])
+@pytest.mark.parametrize(
+    "env, text, seconds",
+    [
+        ("slurm", "30", 1800),
+        ("slurm", "10:30", 630),
+        ("slurm", "04:00:00", 14400),
+        ("slurm", "2-00", 172800),
+        ("slurm", "1-12:30", 131400),
+        ("pbs", "04:00:00", 14400),
+        ("pbs", "90", 90),
+        ("sge", "02:00:00", 7200),
+        ("sge", "3600", 3600),
+        ("lsf", "02:30", 9000),
+        ("lsf", "45", 2700),
+        ("moab", "08:00:00", 28800),
+        ("oar", "2", 7200),
+        ("oar", "1:30", 5400),
+    ],
+)
 def test_walltime_is_read_the_way_each_scheduler_reads_it(env, text, seconds):
     assert walltime_seconds(env, text) == seconds
 
 
-@pytest.mark.parametrize("env, value, message", [
-    ("slurm", 3600, "must be a string like .*YAML reads an unquoted 1:00:00 as a number: quote it"),
-    ("lsf", "01:00:00", "cannot read '01:00:00' as a walltime for env 'lsf' \\(expected HH:MM\\)"),
-    ("sge", "10:00", "cannot read '10:00' as a walltime for env 'sge'"),
-    ("pbs", "four hours", "cannot read 'four hours'"),
-    ("slurm", "00:00:00", "must be longer than zero"),
-])
+@pytest.mark.parametrize(
+    "env, value, message",
+    [
+        ("slurm", 3600, "must be a string like .*YAML reads an unquoted 1:00:00 as a number: quote it"),
+        ("lsf", "01:00:00", "cannot read '01:00:00' as a walltime for env 'lsf' \\(expected HH:MM\\)"),
+        ("sge", "10:00", "cannot read '10:00' as a walltime for env 'sge'"),
+        ("pbs", "four hours", "cannot read 'four hours'"),
+        ("slurm", "00:00:00", "must be longer than zero"),
+    ],
+)
 def test_bad_walltimes_are_one_line_errors_naming_the_key(env, value, message):
     with pytest.raises(ConfigError, match=f"^parallel.options.walltime: {message}") as err:
         spec(env, walltime=value)
@@ -77,7 +93,9 @@ def test_lifetime_is_a_margin_before_the_walltime_and_workers_are_replaced():
 
 
 def test_lifetime_margin_errors():
-    with pytest.raises(ConfigError, match="^parallel.lifetime_margin_s: 50.0 s leaves workers no lifetime within a walltime of 60 s"):
+    with pytest.raises(
+        ConfigError, match="^parallel.lifetime_margin_s: 50.0 s leaves workers no lifetime within a walltime of 60 s"
+    ):
         spec(margin=50, walltime="00:01:00")
     with pytest.raises(ConfigError, match="^parallel.lifetime_margin_s: only for envs with a walltime .*not 'local'"):
         ParallelSpec.from_config({"env": "local", "lifetime_margin_s": 60})
@@ -92,35 +110,62 @@ def test_jobqueue_defaults_and_the_users_options_win(monkeypatch):
     assert kwargs["log_directory"] == "/logs/e3p-abc" and kwargs["job_name"] == "e3p-abc"
     assert kwargs["scheduler_options"] == {"dashboard_address": "127.0.0.1:0"}
     assert kwargs["worker_extra_args"][:2] == ["--dashboard-address", "127.0.0.1:0"]
-    assert kwargs["job_script_prologue"] == ["export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="
-                                             "'{\"MALLOC_TRIM_THRESHOLD_\": None}'",
-                                             "export PREFECT_API_URL=http://127.0.0.1:4200/api",
-                                             "export PYTHONPATH='/my recipe'"]
+    assert kwargs["job_script_prologue"] == [
+        "export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON='{\"MALLOC_TRIM_THRESHOLD_\": None}'",
+        "export PREFECT_API_URL=http://127.0.0.1:4200/api",
+        "export PYTHONPATH='/my recipe'",
+    ]
     assert "interface" not in kwargs  # multi-node clusters keep dask-jobqueue's own choice
-    mine = cluster_kwargs(spec(log_directory="/mine", scheduler_options={"dashboard_address": ":9999", "port": 0},
-                               worker_extra_args=["--no-dashboard", "--lifetime", "1h"], job_name="asr",
-                               job_script_prologue=["module load cuda"]),
-                          job_name="asr-abc", log_directory="/logs/e3p-abc")
+    mine = cluster_kwargs(
+        spec(
+            log_directory="/mine",
+            scheduler_options={"dashboard_address": ":9999", "port": 0},
+            worker_extra_args=["--no-dashboard", "--lifetime", "1h"],
+            job_name="asr",
+            job_script_prologue=["module load cuda"],
+        ),
+        job_name="asr-abc",
+        log_directory="/logs/e3p-abc",
+    )
     assert mine["log_directory"] == "/mine" and mine["job_name"] == "asr-abc"
     assert mine["scheduler_options"] == {"dashboard_address": ":9999", "port": 0}
     assert mine["worker_extra_args"] == ["--no-dashboard", "--lifetime", "1h"]
     assert mine["job_script_prologue"][-1] == "module load cuda"
 
 
-@pytest.mark.parametrize("env, options, message", [
-    ("slurm", {"job_extra_directives": "--gres=gpu:1"},
-     "parallel.options.job_extra_directives: must be a list of strings, got str '--gres=gpu:1' \\(write it as \\['--gres=gpu:1'\\]\\)"),
-    ("pbs", {"job_script_prologue": {"module": "cuda"}}, "parallel.options.job_script_prologue: must be a list of strings, got dict"),
-    ("sge", {"cores": None}, "parallel.options.cores: required for env 'sge' \\(cores and memory per job"),
-    ("lsf", {"memory": "lots"}, "parallel.options.memory: cannot read 'lots' as an amount of memory"),
-    ("slurm", {"cores": 0}, "parallel.options.cores: must be a positive integer, got 0"),
-    ("moab", {"processes": 4}, "parallel.options.processes: 4 worker processes per job need at least as many cores, got cores: 1"),
-    ("htcondor", {}, "parallel.options.disk: required for env 'htcondor'"),
-    ("htcondor", {"disk": "1GB", "walltime": "01:00:00"}, "parallel.options.walltime: not an option of env 'htcondor'"),
-    ("oar", {"gres": "gpu:1"}, "parallel.options.gres: not an option of env 'oar'"),
-    ("kube", {}, "parallel.options.image: required for env 'kube'"),
-    ("kube", {"image": "x", "env": ["A=1"]}, "parallel.options.env: must be a mapping, got list"),
-])
+@pytest.mark.parametrize(
+    "env, options, message",
+    [
+        (
+            "slurm",
+            {"job_extra_directives": "--gres=gpu:1"},
+            "parallel.options.job_extra_directives: must be a list of strings, got str '--gres=gpu:1' "
+            "\\(write it as \\['--gres=gpu:1'\\]\\)",
+        ),
+        (
+            "pbs",
+            {"job_script_prologue": {"module": "cuda"}},
+            "parallel.options.job_script_prologue: must be a list of strings, got dict",
+        ),
+        ("sge", {"cores": None}, "parallel.options.cores: required for env 'sge' \\(cores and memory per job"),
+        ("lsf", {"memory": "lots"}, "parallel.options.memory: cannot read 'lots' as an amount of memory"),
+        ("slurm", {"cores": 0}, "parallel.options.cores: must be a positive integer, got 0"),
+        (
+            "moab",
+            {"processes": 4},
+            "parallel.options.processes: 4 worker processes per job need at least as many cores, got cores: 1",
+        ),
+        ("htcondor", {}, "parallel.options.disk: required for env 'htcondor'"),
+        (
+            "htcondor",
+            {"disk": "1GB", "walltime": "01:00:00"},
+            "parallel.options.walltime: not an option of env 'htcondor'",
+        ),
+        ("oar", {"gres": "gpu:1"}, "parallel.options.gres: not an option of env 'oar'"),
+        ("kube", {}, "parallel.options.image: required for env 'kube'"),
+        ("kube", {"image": "x", "env": ["A=1"]}, "parallel.options.env: must be a mapping, got list"),
+    ],
+)
 def test_misconfigured_backends_fail_on_one_line(env, options, message):
     opts = {**BASE, **options} if env != "kube" else options
     opts = {k: v for k, v in opts.items() if v is not None}
@@ -132,20 +177,37 @@ def test_misconfigured_backends_fail_on_one_line(env, options, message):
 def test_ssh_defaults_loopback_hosts_env_on_the_command_line(monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    s = ParallelSpec.from_config({"env": "ssh", "n_workers": 3, "options": {
-        "hosts": ["127.0.0.1", "localhost"], "connect_options": {"known_hosts": "/kh", "port": 2222}}})
+    s = ParallelSpec.from_config(
+        {
+            "env": "ssh",
+            "n_workers": 3,
+            "options": {"hosts": ["127.0.0.1", "localhost"], "connect_options": {"known_hosts": "/kh", "port": 2222}},
+        }
+    )
     kwargs = cluster_kwargs(s)
     assert kwargs["hosts"] == ["127.0.0.1", "localhost", "localhost", "localhost"]
     assert kwargs["scheduler_options"] == {"host": "127.0.0.1", "port": 0, "dashboard_address": "127.0.0.1:0"}
     assert kwargs["worker_options"]["host"] == "127.0.0.1"
     assert kwargs["connect_options"] == {"known_hosts": "/kh", "port": 2222}  # host-key policy is the user's
     assert kwargs["remote_python"] == f"PREFECT_API_URL=http://127.0.0.1:4200/api {sys.executable}"
-    remote = cluster_kwargs(ParallelSpec.from_config({"env": "ssh", "options": {
-        "hosts": ["node1", "node2"], "worker_options": {"nthreads": 4}, "remote_python": "/opt/py/bin/python"}}))
+    remote = cluster_kwargs(
+        ParallelSpec.from_config(
+            {
+                "env": "ssh",
+                "options": {
+                    "hosts": ["node1", "node2"],
+                    "worker_options": {"nthreads": 4},
+                    "remote_python": "/opt/py/bin/python",
+                },
+            }
+        )
+    )
     assert remote["scheduler_options"]["host"] == "node1" and "host" not in remote["worker_options"]
     assert remote["worker_options"]["nthreads"] == 4 and remote["remote_python"].endswith(" /opt/py/bin/python")
     with pytest.raises(ConfigError, match="^parallel.options.connect_options: must be a mapping"):
-        cluster_kwargs(ParallelSpec.from_config({"env": "ssh", "options": {"hosts": ["a", "b"], "connect_options": "x"}}))
+        cluster_kwargs(
+            ParallelSpec.from_config({"env": "ssh", "options": {"hosts": ["a", "b"], "connect_options": "x"}})
+        )
 
 
 def test_job_names_carry_the_flow_run_and_match_only_that_run():
@@ -182,11 +244,30 @@ CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
 
 
 def test_cluster_script_prints_the_job_script_and_submits_nothing(tmp_path):
-    cfg = write_yaml(tmp_path / "parallel.yaml", {"inference_dir": str(tmp_path / "inf"), "parallel": {
-        "env": "pbs", "n_workers": 2, "options": {"queue": "gpu", "cores": 4, "memory": "16GB",
-                                                 "walltime": "02:00:00", "resource_spec": "select=1:ngpus=1"}}})
-    proc = subprocess.run([*CLI, "cluster-script", "--config", str(cfg), "parallel.options.queue=long"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    cfg = write_yaml(
+        tmp_path / "parallel.yaml",
+        {
+            "inference_dir": str(tmp_path / "inf"),
+            "parallel": {
+                "env": "pbs",
+                "n_workers": 2,
+                "options": {
+                    "queue": "gpu",
+                    "cores": 4,
+                    "memory": "16GB",
+                    "walltime": "02:00:00",
+                    "resource_spec": "select=1:ngpus=1",
+                },
+            },
+        },
+    )
+    proc = subprocess.run(
+        [*CLI, "cluster-script", "--config", str(cfg), "parallel.options.queue=long"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.startswith("#!/usr/bin/env bash\n") and "#PBS -q long" in out and "#PBS -N e3p-preview" in out
@@ -196,18 +277,25 @@ def test_cluster_script_prints_the_job_script_and_submits_nothing(tmp_path):
 
 
 def test_cluster_script_bad_config_is_one_line_exit_2(tmp_path):
-    cfg = write_yaml(tmp_path / "c.yaml", {"parallel": {"env": "slurm", "options": {"cores": 2, "memory": "4GB",
-                                                                                   "walltime": 3600}}})
+    cfg = write_yaml(
+        tmp_path / "c.yaml", {"parallel": {"env": "slurm", "options": {"cores": 2, "memory": "4GB", "walltime": 3600}}}
+    )
     proc = subprocess.run([*CLI, "cluster-script", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: parallel.options.walltime: must be a string like 'MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]', got 3600 "
-        "(YAML reads an unquoted 1:00:00 as a number: quote it)"]
+        "(YAML reads an unquoted 1:00:00 as a number: quote it)"
+    ]
 
 
 def test_cluster_script_for_the_shipped_slurm_deployment_file():
-    proc = subprocess.run([*CLI, "cluster-script", "--config", "recipes/dtmf/conf/inference.yaml",
-                           "deployments/parallel_slurm.yaml"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [*CLI, "cluster-script", "--config", "recipes/dtmf/conf/inference.yaml", "deployments/parallel_slurm.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH -t 00:30:00" in proc.stdout and "--lifetime 1620s --lifetime-stagger 90s" in proc.stdout
 
@@ -241,8 +329,17 @@ def test_watcher_warns_while_no_worker_connects_and_fails_on_rejected_submission
     from espnet3_prefect.execution.backends.watcher import JobWatcher
 
     log, aborted = _Log(), []
-    watcher = JobWatcher(backends.get("pbs"), "e3p-0123456789", tmp_path, _NoWorkers(), log, expected_jobs=2,
-                         abort=lambda: aborted.append(True), poll_s=0.05, start_warn_s=0.2)
+    watcher = JobWatcher(
+        backends.get("pbs"),
+        "e3p-0123456789",
+        tmp_path,
+        _NoWorkers(),
+        log,
+        expected_jobs=2,
+        abort=lambda: aborted.append(True),
+        poll_s=0.05,
+        start_warn_s=0.2,
+    )
     watcher.start()
     time.sleep(0.6)
     watcher.stop()
@@ -250,12 +347,30 @@ def test_watcher_warns_while_no_worker_connects_and_fails_on_rejected_submission
     assert warnings and warnings[0].startswith("no Dask worker connected") and "e3p-0123456789" in warnings[0]
     assert watcher.error is None and not aborted
 
-    errors = [RuntimeError("Command exited with non-zero exit code.\nExit code: 1\nCommand:\nqsub x.sh\n"
-                           "stdout:\n\nstderr:\nqsub: Unknown queue\n")] * 2
+    errors = [
+        RuntimeError(
+            "Command exited with non-zero exit code.\nExit code: 1\nCommand:\nqsub x.sh\n"
+            "stdout:\n\nstderr:\nqsub: Unknown queue\n"
+        )
+    ] * 2
     log = _Log()
-    watcher = JobWatcher(backends.get("pbs"), "e3p-0123456789", tmp_path, _NoWorkers(), log, expected_jobs=2,
-                         abort=lambda: aborted.append(True), poll_s=0.05, submit_errors=errors)
+    watcher = JobWatcher(
+        backends.get("pbs"),
+        "e3p-0123456789",
+        tmp_path,
+        _NoWorkers(),
+        log,
+        expected_jobs=2,
+        abort=lambda: aborted.append(True),
+        poll_s=0.05,
+        submit_errors=errors,
+    )
     watcher.start()
     watcher.join(timeout=5)
-    assert aborted and str(watcher.error) == "parallel.env 'pbs': the scheduler rejected the worker jobs: qsub: Unknown queue"
-    assert [m for level, m in log.lines if level == "warning"] == ["the pbs scheduler rejected a worker job: qsub: Unknown queue"]
+    assert (
+        aborted
+        and str(watcher.error) == "parallel.env 'pbs': the scheduler rejected the worker jobs: qsub: Unknown queue"
+    )
+    assert [m for level, m in log.lines if level == "warning"] == [
+        "the pbs scheduler rejected a worker job: qsub: Unknown queue"
+    ]

@@ -3,22 +3,29 @@ dataset: columns and one-line errors (no Prefect; the flow is in tests/integrati
 
 from __future__ import annotations
 
-import importlib.util
-
 import copy
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from espnet3_prefect.errors import BadInputError, ConfigError
-from espnet3_prefect.metrics import (CER, WER, BaseMetric, Field, MetricContractError, MetricDeclarationError,
-                                     TextCleaner, check_metric_output)
-from espnet3_prefect.metrics.dataset_columns import dataset_column_scp, source_path
-from espnet3_prefect.metrics.prepare import load_inference_config, metrics_json, prepare_metrics
 from espnet3_prefect._internal.scp import ScpField, count_aligned, iter_scp
 from espnet3_prefect.config.targets import _espnet3_installed, locate
+from espnet3_prefect.errors import BadInputError, ConfigError
+from espnet3_prefect.metrics import (
+    CER,
+    WER,
+    BaseMetric,
+    Field,
+    MetricContractError,
+    MetricDeclarationError,
+    TextCleaner,
+    check_metric_output,
+)
+from espnet3_prefect.metrics.dataset_columns import dataset_column_scp, source_path
+from espnet3_prefect.metrics.prepare import load_inference_config, metrics_json, prepare_metrics
 from tests.helpers.metrics_recipes import ColumnOrganizer
 
 WER_T = "espnet3.systems.esp2_asr.metrics.wer.WER"
@@ -78,10 +85,14 @@ def test_alignment_file_is_jiwers_text_per_chunk_then_a_summary(tmp_path):
     assert (tmp_path / "t" / "wer_alignment").read_text(encoding="utf-8") == (
         "=== SENTENCE 1 ===\n\nREF: a b c *\nHYP: a x c d\n       S   I\n\n"
         "=== SENTENCE 2 ===\n\nREF: d e\nHYP: . *\n     S D\n"
-        "\nWER: 80.00 (hits=2, substitutions=2, deletions=1, insertions=1)\n")
+        "\nWER: 80.00 (hits=2, substitutions=2, deletions=1, insertions=1)\n"
+    )
     CER()(paths, "t", tmp_path)
-    assert (tmp_path / "t" / "cer_alignment").read_text().endswith(
-        "\nCER: 75.00 (hits=4, substitutions=2, deletions=2, insertions=2)\n")
+    assert (
+        (tmp_path / "t" / "cer_alignment")
+        .read_text()
+        .endswith("\nCER: 75.00 (hits=4, substitutions=2, deletions=2, insertions=2)\n")
+    )
 
 
 def test_chunks_of_1000_restart_jiwers_sentence_numbers(tmp_path):
@@ -107,8 +118,11 @@ def test_reading_strips_lines_and_values_and_skips_blank_lines(tmp_path):
     (out / "ref.scp").write_text("  u1 \t a  b \n\n   \nu2 c\r\nu3\n", encoding="utf-8")
     (out / "hyp.scp").write_text("u1 a b\nu2  c \nu3    \n", encoding="utf-8")
     rows = list(WER().iter_inputs({"ref": out / "ref.scp", "hyp": out / "hyp.scp"}, "ref", "hyp"))
-    assert rows == [("u1", {"ref": "a  b", "hyp": "a b"}), ("u2", {"ref": "c", "hyp": "c"}),
-                    ("u3", {"ref": "", "hyp": ""})]
+    assert rows == [
+        ("u1", {"ref": "a  b", "hyp": "a b"}),
+        ("u2", {"ref": "c", "hyp": "c"}),
+        ("u3", {"ref": "", "hyp": ""}),
+    ]
     assert [(u, v) for _, u, v in iter_scp(out / "ref.scp")] == [("u1", "a  b"), ("u2", "c"), ("u3", "")]
 
 
@@ -132,6 +146,7 @@ def test_lockstep_mismatches_fail_on_one_line_naming_both_files(tmp_path):
 
 # -- clean_types ------------------------------------------------------------------------------------
 
+
 def test_clean_types_follow_espnet2_names(tmp_path):
     assert TextCleaner(None)(" Kept  As Is ") == " Kept  As Is "
     assert TextCleaner("korean_cleaner")(" 3 cats ") == "삼 씨에이티에스"
@@ -148,14 +163,17 @@ def test_clean_types_follow_espnet2_names(tmp_path):
 
 def test_clean_types_errors_name_the_metric_entry(tmp_path):
     scp_pair(tmp_path, ["a"], ["a"])
-    cfg = _cfg(tmp_path, metrics=[{"metric": {"_target_": WER_T, "clean_types": ["jaconv"]},
-                                   "inputs": {"ref": "ref", "hyp": "hyp"}}])
+    cfg = _cfg(
+        tmp_path,
+        metrics=[{"metric": {"_target_": WER_T, "clean_types": ["jaconv"]}, "inputs": {"ref": "ref", "hyp": "hyp"}}],
+    )
     with pytest.raises(ConfigError) as err:
         prepare_metrics(cfg)
     assert str(err.value).startswith("metrics[0].metric.clean_types: 'jaconv' needs the jaconv package")
 
 
 # -- the BaseMetric mirror --------------------------------------------------------------------------
+
 
 class Lengths(BaseMetric):
     inputs = (Field("hyp", "text"), Field("ref", "text", optional=True))
@@ -250,9 +268,12 @@ def test_a_metric_copies_without_its_spooled_alignment(tmp_path):
 
 # -- the metrics config -----------------------------------------------------------------------------
 
+
 def _cfg(root, **extra):
-    base = {"inference_dir": str(root),
-            "metrics": [{"metric": {"_target_": WER_T}, "inputs": {"ref": "ref", "hyp": "hyp"}}]}
+    base = {
+        "inference_dir": str(root),
+        "metrics": [{"metric": {"_target_": WER_T}, "inputs": {"ref": "ref", "hyp": "hyp"}}],
+    }
     base.update(extra)
     return OmegaConf.create(base)
 
@@ -260,15 +281,23 @@ def _cfg(root, **extra):
 def test_espnet3_stock_paths_resolve_to_ours_and_keep_their_key(tmp_path):
     assert locate(WER_T) is WER and locate(CER_T) is CER
     scp_pair(tmp_path, ["a"], ["a"])
-    plan = prepare_metrics(_cfg(tmp_path, metrics=[
-        {"metric": {"_target_": WER_T, "clean_types": None}, "inputs": {"ref": "ref", "hyp": "hyp"}},
-        {"metric": {"_target_": "espnet3_prefect.metrics.CER"}, "inputs": ["ref", "hyp"]},
-        {"metric": {"_target_": "tests.unit.test_metrics.Lengths"}, "inputs": {"hyp": "hyp"}},
-    ]))
+    plan = prepare_metrics(
+        _cfg(
+            tmp_path,
+            metrics=[
+                {"metric": {"_target_": WER_T, "clean_types": None}, "inputs": {"ref": "ref", "hyp": "hyp"}},
+                {"metric": {"_target_": "espnet3_prefect.metrics.CER"}, "inputs": ["ref", "hyp"]},
+                {"metric": {"_target_": "tests.unit.test_metrics.Lengths"}, "inputs": {"hyp": "hyp"}},
+            ],
+        )
+    )
     assert [s.key for s in plan.metrics] == [WER_T, "espnet3_prefect.metrics.CER", "tests.unit.test_metrics.Lengths"]
     assert [s.label for s in plan.metrics] == ["WER", "CER", "Lengths"]
-    assert [s.bindings for s in plan.metrics] == [{"ref": "ref", "hyp": "hyp"}, {"ref": "ref", "hyp": "hyp"},
-                                                  {"hyp": "hyp"}]
+    assert [s.bindings for s in plan.metrics] == [
+        {"ref": "ref", "hyp": "hyp"},
+        {"ref": "ref", "hyp": "hyp"},
+        {"hyp": "hyp"},
+    ]
     assert all(s.declared for s in plan.metrics)
     assert plan.metrics[0].input_paths(tmp_path, "t") == {"ref": tmp_path / "t/ref.scp", "hyp": tmp_path / "t/hyp.scp"}
 
@@ -277,39 +306,69 @@ def test_test_sets_are_the_listed_names_else_sorted_visible_folders(tmp_path):
     for name in ("test_b", "test_a", ".cache"):
         scp_pair(tmp_path, ["a"], ["a"], test=name)
     assert prepare_metrics(_cfg(tmp_path)).test_sets == ["test_a", "test_b"]
-    assert prepare_metrics(_cfg(tmp_path, dataset={"test": [{"name": "test_b"}, {"name": "test_a"}]})).test_sets == \
-        ["test_b", "test_a"]
+    assert prepare_metrics(_cfg(tmp_path, dataset={"test": [{"name": "test_b"}, {"name": "test_a"}]})).test_sets == [
+        "test_b",
+        "test_a",
+    ]
     assert prepare_metrics(_cfg(tmp_path, dataset={"test": []})).test_sets == ["test_a", "test_b"]
 
 
-@pytest.mark.parametrize("entry, expected", [
-    ({"metric": {"_target_": WER_T}},
-     "metrics[0].inputs: missing; WER declares inputs ref, hyp: bind each to an SCP stem or dataset:<column>"),
-    ({"metric": {"_target_": WER_T}, "inputs": {"hyp": "hyp"}},
-     "metrics[0].inputs: WER declares inputs ref, hyp; missing ['ref'], unknown []"),
-    ({"metric": {"_target_": WER_T}, "inputs": {"ref": "ref", "hyp": "hyp", "extra": "x"}},
-     "metrics[0].inputs: WER declares inputs ref, hyp; missing [], unknown ['extra']"),
-    ({"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:", "hyp": "hyp"}},
-     "metrics[0].inputs.ref: 'dataset:' must be an SCP stem"),
-    ({"metric": {"_target_": WER_T}, "inputs": {"ref": "../ref", "hyp": "hyp"}},
-     "metrics[0].inputs.ref: '../ref' must be an SCP stem inside the test set's folder"),
-    ({"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:a/b", "hyp": "hyp"}},
-     "metrics[0].inputs.ref: 'dataset:a/b' must name one column"),
-    ({"metric": {"_target_": WER_T, "ref_key": "ref"}, "inputs": {"ref": "ref", "hyp": "hyp"}},
-     "metrics[0].metric: _target_ 'espnet3.systems.esp2_asr.metrics.wer.WER': instantiation failed"),
-    ({"metric": {"_target_": "espnet3.systems.esp2_asr.metrics.ter.TER", "bpemodel": "bpe.model"},
-      "inputs": {"ref": "ref", "hyp": "hyp"}},
-     "metrics[0].metric._target_: espnet3.systems.esp2_asr.metrics.ter.TER needs espnet3 installed"),
-    ({"metric": {"_target_": "espnet3.systems.asr.metrics.wer.WER"}, "inputs": {"ref": "ref", "hyp": "hyp"}},
-     "metrics[0].metric._target_: cannot import 'espnet3.systems.asr.metrics.wer.WER'"
-     if importlib.util.find_spec("espnet3") else
-     "metrics[0].metric._target_: 'espnet3.systems.asr.metrics.wer.WER' is not an ESPnet3 class espnet3-prefect "
-     "provides while espnet3 is not installed; did you mean 'espnet3.systems.esp2_asr.metrics.wer.WER'?"),
-    ({"metric": {"_target_": WER_T}, "inputs": {"ref": "ref", "hyp": "hyp"}, "weight": 2},
-     "metrics[0].weight: unknown key"),
-    ({"metric": {"_target_": "tests.unit.test_metrics.Lengths"}, "inputs": {"hyp": "hyp.scp"}},
-     "metrics[0].inputs.hyp: "),
-])
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        (
+            {"metric": {"_target_": WER_T}},
+            "metrics[0].inputs: missing; WER declares inputs ref, hyp: bind each to an SCP stem or dataset:<column>",
+        ),
+        (
+            {"metric": {"_target_": WER_T}, "inputs": {"hyp": "hyp"}},
+            "metrics[0].inputs: WER declares inputs ref, hyp; missing ['ref'], unknown []",
+        ),
+        (
+            {"metric": {"_target_": WER_T}, "inputs": {"ref": "ref", "hyp": "hyp", "extra": "x"}},
+            "metrics[0].inputs: WER declares inputs ref, hyp; missing [], unknown ['extra']",
+        ),
+        (
+            {"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:", "hyp": "hyp"}},
+            "metrics[0].inputs.ref: 'dataset:' must be an SCP stem",
+        ),
+        (
+            {"metric": {"_target_": WER_T}, "inputs": {"ref": "../ref", "hyp": "hyp"}},
+            "metrics[0].inputs.ref: '../ref' must be an SCP stem inside the test set's folder",
+        ),
+        (
+            {"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:a/b", "hyp": "hyp"}},
+            "metrics[0].inputs.ref: 'dataset:a/b' must name one column",
+        ),
+        (
+            {"metric": {"_target_": WER_T, "ref_key": "ref"}, "inputs": {"ref": "ref", "hyp": "hyp"}},
+            "metrics[0].metric: _target_ 'espnet3.systems.esp2_asr.metrics.wer.WER': instantiation failed",
+        ),
+        (
+            {
+                "metric": {"_target_": "espnet3.systems.esp2_asr.metrics.ter.TER", "bpemodel": "bpe.model"},
+                "inputs": {"ref": "ref", "hyp": "hyp"},
+            },
+            "metrics[0].metric._target_: espnet3.systems.esp2_asr.metrics.ter.TER needs espnet3 installed",
+        ),
+        (
+            {"metric": {"_target_": "espnet3.systems.asr.metrics.wer.WER"}, "inputs": {"ref": "ref", "hyp": "hyp"}},
+            "metrics[0].metric._target_: cannot import 'espnet3.systems.asr.metrics.wer.WER'"
+            if importlib.util.find_spec("espnet3")
+            else "metrics[0].metric._target_: 'espnet3.systems.asr.metrics.wer.WER' is not an ESPnet3 class "
+            "espnet3-prefect provides while espnet3 is not installed; "
+            "did you mean 'espnet3.systems.esp2_asr.metrics.wer.WER'?",
+        ),
+        (
+            {"metric": {"_target_": WER_T}, "inputs": {"ref": "ref", "hyp": "hyp"}, "weight": 2},
+            "metrics[0].weight: unknown key",
+        ),
+        (
+            {"metric": {"_target_": "tests.unit.test_metrics.Lengths"}, "inputs": {"hyp": "hyp.scp"}},
+            "metrics[0].inputs.hyp: ",
+        ),
+    ],
+)
 def test_binding_errors_are_one_line_and_name_the_key(tmp_path, entry, expected):
     scp_pair(tmp_path, ["a"], ["a"])
     with pytest.raises(ConfigError) as err:
@@ -321,8 +380,11 @@ def test_every_scp_input_is_checked_before_scoring(tmp_path):
     scp_pair(tmp_path, ["a"], ["a"], test="test_a")
     scp_pair(tmp_path, ["a"], ["a"], test="test_b")
     (tmp_path / "test_b/hyp.scp").unlink()
-    with pytest.raises(ConfigError, match=r"metrics\[0\].inputs.hyp: .*test_b/hyp.scp not found; run infer for "
-                                          r"'test_b' first"):
+    with pytest.raises(
+        ConfigError,
+        match=r"metrics\[0\].inputs.hyp: .*test_b/hyp.scp not found; run infer for "
+        r"'test_b' first",
+    ):
         prepare_metrics(_cfg(tmp_path))
     cfg = _cfg(tmp_path, metrics=[{"metric": {"_target_": WER_T}, "inputs": {"ref": "ref.scp", "hyp": "ref"}}])
     with pytest.raises(ConfigError, match=r"inputs.ref: .*ref.scp.scp not found; name the stem 'ref', '.scp' is added"):
@@ -332,15 +394,24 @@ def test_every_scp_input_is_checked_before_scoring(tmp_path):
         prepare_metrics(_cfg(tmp_path / "later"))
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"metrics": None}, "metrics: missing"),
-    ({"metrics": []}, "metrics: must be a non-empty list"),
-    ({"metrics": [{"metric": {"clean_types": None}}]}, "metrics[0].metric._target_: missing"),
-    ({"metrics": [{"metric": {"_target_": CER_T}, "inputs": ["ref", "hyp"]},
-                  {"metric": {"_target_": CER_T}, "inputs": ["ref", "hyp"]}]},
-     f"metrics[1].metric._target_: '{CER_T}' is also metrics[0]"),
-    ({"inference_dir": None}, "inference_dir: missing"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"metrics": None}, "metrics: missing"),
+        ({"metrics": []}, "metrics: must be a non-empty list"),
+        ({"metrics": [{"metric": {"clean_types": None}}]}, "metrics[0].metric._target_: missing"),
+        (
+            {
+                "metrics": [
+                    {"metric": {"_target_": CER_T}, "inputs": ["ref", "hyp"]},
+                    {"metric": {"_target_": CER_T}, "inputs": ["ref", "hyp"]},
+                ]
+            },
+            f"metrics[1].metric._target_: '{CER_T}' is also metrics[0]",
+        ),
+        ({"inference_dir": None}, "inference_dir: missing"),
+    ],
+)
 def test_config_structure_errors(tmp_path, change, expected):
     scp_pair(tmp_path, ["a"], ["a"])
     cfg = _cfg(tmp_path)
@@ -370,11 +441,18 @@ def test_plain_callables_keep_our_defaults(tmp_path):
 
 # -- dataset:<column> -------------------------------------------------------------------------------
 
+
 def _icfg(tmp_path, tests=("dev",)):
-    return OmegaConf.create({"inference_dir": str(tmp_path / "inference"),
-                             "dataset": {"_target_": "tests.helpers.metrics_recipes.ColumnOrganizer",
-                                         "test": [{"name": t} for t in tests]},
-                             "provider": {"_target_": "espnet3.systems.base.inference_provider.InferenceProvider"}})
+    return OmegaConf.create(
+        {
+            "inference_dir": str(tmp_path / "inference"),
+            "dataset": {
+                "_target_": "tests.helpers.metrics_recipes.ColumnOrganizer",
+                "test": [{"name": t} for t in tests],
+            },
+            "provider": {"_target_": "espnet3.systems.base.inference_provider.InferenceProvider"},
+        }
+    )
 
 
 def test_dataset_column_written_once_then_reused(tmp_path):
@@ -391,12 +469,19 @@ def test_dataset_column_written_once_then_reused(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["n.scp", "ok.scp", "text.scp"]  # nothing aside
 
 
-@pytest.mark.parametrize("test, column, expected", [
-    ("noid", "text", None),
-    ("dev", "speech", "dataset:speech: item 0 of test set 'dev' has no 'speech'; it has ['n', 'ok', 'text', 'utt_id']"),
-    ("badid", "text", "test set 'badid' item 0: utt_id 'a b': must be a plain token"),
-    ("multiline", "text", "dataset:text: the value of 'm1' in test set 'multiline' holds a line break"),
-])
+@pytest.mark.parametrize(
+    "test, column, expected",
+    [
+        ("noid", "text", None),
+        (
+            "dev",
+            "speech",
+            "dataset:speech: item 0 of test set 'dev' has no 'speech'; it has ['n', 'ok', 'text', 'utt_id']",
+        ),
+        ("badid", "text", "test set 'badid' item 0: utt_id 'a b': must be a plain token"),
+        ("multiline", "text", "dataset:text: the value of 'm1' in test set 'multiline' holds a line break"),
+    ],
+)
 def test_dataset_column_items(tmp_path, test, column, expected):
     icfg = _icfg(tmp_path, tests=(test,))
     out = tmp_path / "inference"
@@ -413,9 +498,11 @@ def test_dataset_column_items(tmp_path, test, column, expected):
 def test_dataset_inputs_need_the_inference_config_and_are_planned_once(tmp_path):
     out = tmp_path / "inference"
     scp_pair(out, ["a"], ["a"], test="dev")
-    metrics = [{"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}},
-               {"metric": {"_target_": CER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}},
-               {"metric": {"_target_": "tests.unit.test_metrics.Lengths"}, "inputs": {"hyp": "hyp", "ref": "dataset:n"}}]
+    metrics = [
+        {"metric": {"_target_": WER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}},
+        {"metric": {"_target_": CER_T}, "inputs": {"ref": "dataset:text", "hyp": "hyp"}},
+        {"metric": {"_target_": "tests.unit.test_metrics.Lengths"}, "inputs": {"hyp": "hyp", "ref": "dataset:n"}},
+    ]
     cfg = OmegaConf.create({"metrics": metrics, "dataset_artifacts": {"speech": {"type": "wav", "sample_rate": 8000}}})
     with pytest.raises(ConfigError, match=r"^inference_dir: missing"):
         prepare_metrics(cfg)
@@ -432,8 +519,11 @@ def test_dataset_inputs_need_the_inference_config_and_are_planned_once(tmp_path)
     assert prepare_metrics(OmegaConf.merge(cfg, {"inference_dir": str(out)})).test_sets == ["dev"]  # files exist now
     bad = _icfg(tmp_path)
     bad.provider._target_ = "tests.helpers.metrics_recipes.ColumnDataset"
-    with pytest.raises(ConfigError, match="provider._target_: 'tests.helpers.metrics_recipes.ColumnDataset' has no "
-                                          r"build_dataset\(config\)"):
+    with pytest.raises(
+        ConfigError,
+        match="provider._target_: 'tests.helpers.metrics_recipes.ColumnDataset' has no "
+        r"build_dataset\(config\)",
+    ):
         prepare_metrics(cfg, inference_config=bad)
 
 

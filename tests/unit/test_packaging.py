@@ -39,9 +39,11 @@ def test_orchestration_dependencies_are_ranges_whose_lower_end_ci_installs(name)
     """A range, not a pin (users install beside their own Prefect and Dask), with an upper bound; its
     lowest version is the one .ci/constraints-lowest.txt pins for CI's lowest-versions tier."""
     spec = dependencies()[name].specifier
-    lowest = {Requirement(line).name: Requirement(line) for line in
-              (ROOT / ".ci" / "constraints-lowest.txt").read_text().splitlines()
-              if line.strip() and not line.startswith("#")}
+    lowest = {
+        Requirement(line).name: Requirement(line)
+        for line in (ROOT / ".ci" / "constraints-lowest.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     [pin] = lowest[name].specifier
     assert pin.operator == "==", lowest[name]
     operators = {s.operator: s.version for s in spec}

@@ -4,9 +4,9 @@ import importlib.util
 
 import pytest
 
+from espnet3_prefect.errors import ConfigError, MissingExtraError
 from espnet3_prefect.execution.backends import cluster_kwargs
 from espnet3_prefect.execution.backends.local import check_gpu_count, visible_gpu_count
-from espnet3_prefect.errors import ConfigError, MissingExtraError
 from espnet3_prefect.execution.spec import ParallelSpec, build_task_runner
 
 
@@ -18,18 +18,34 @@ def test_local_defaults_bind_loopback_and_user_options_win():
 
 
 def test_slurm_options_are_forwarded_and_checked_against_dask_jobqueue():
-    spec = ParallelSpec.from_config({"env": "slurm", "n_workers": 8, "options": {
-        "queue": "gpu", "account": "lab", "cores": 4, "memory": "32GB", "walltime": "04:00:00",
-        "job_extra_directives": ["--gres=gpu:1"], "job_script_prologue": ["module load cuda"]}})
+    spec = ParallelSpec.from_config(
+        {
+            "env": "slurm",
+            "n_workers": 8,
+            "options": {
+                "queue": "gpu",
+                "account": "lab",
+                "cores": 4,
+                "memory": "32GB",
+                "walltime": "04:00:00",
+                "job_extra_directives": ["--gres=gpu:1"],
+                "job_script_prologue": ["module load cuda"],
+            },
+        }
+    )
     runner = build_task_runner(spec)
     assert runner.cluster_kwargs["n_workers"] == 8 and runner.cluster_kwargs["queue"] == "gpu"
     assert runner.resolved_cluster_class.__name__ == "SLURMCluster"
-    with pytest.raises(ConfigError, match="parallel.options.gres: not an option of env 'slurm'; valid options: .*walltime"):
+    with pytest.raises(
+        ConfigError, match="parallel.options.gres: not an option of env 'slurm'; valid options: .*walltime"
+    ):
         ParallelSpec.from_config({"env": "slurm", "options": {"gres": "gpu:1"}})
 
 
-@pytest.mark.parametrize("env, extra, module, options", [("kube", "kube", "dask_kubernetes", {"image": "registry/e3p:1"}),
-                                                           ("local_gpu", "gpu", "dask_cuda", {})])
+@pytest.mark.parametrize(
+    "env, extra, module, options",
+    [("kube", "kube", "dask_kubernetes", {"image": "registry/e3p:1"}), ("local_gpu", "gpu", "dask_cuda", {})],
+)
 def test_missing_optional_backend_names_the_pip_extra(env, extra, module, options, monkeypatch):
     if importlib.util.find_spec(module) is not None:  # .venv-espnet has [kube]; .venv has neither
         pytest.skip(f"{module} is installed here: the error for its absence is checked in .venv")
@@ -43,7 +59,9 @@ def test_local_gpu_refuses_more_workers_than_visible_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert visible_gpu_count() == 2
     check_gpu_count(2, 2)
-    with pytest.raises(ConfigError, match="parallel.n_workers: 4 exceeds the 2 visible GPU\\(s\\) .*CUDA_VISIBLE_DEVICES=0,1"):
+    with pytest.raises(
+        ConfigError, match="parallel.n_workers: 4 exceeds the 2 visible GPU\\(s\\) .*CUDA_VISIBLE_DEVICES=0,1"
+    ):
         check_gpu_count(4, visible_gpu_count())
 
 
@@ -100,21 +118,24 @@ def test_local_workers_preload_ours_then_the_users_modules():
     assert LocalBackend().cluster_kwargs(plain, ClusterContext(worker_preload=ours))["preload"] == list(ours)
     theirs = ParallelSpec.from_config({"env": "local", "options": {"preload": "my_site.setup"}})
     assert LocalBackend().cluster_kwargs(theirs, ClusterContext(worker_preload=ours))["preload"] == [
-        *ours, "my_site.setup"]
+        *ours,
+        "my_site.setup",
+    ]
 
 
 def test_local_gpu_without_a_gpu_says_so_before_the_missing_extra(monkeypatch):
     """No GPU: the [gpu] extra would not help, so it is not mentioned (a config error: exit 2); GPUs
     but no dask-cuda: then the extra is what is missing."""
-    from espnet3_prefect.execution import backends
     from espnet3_prefect.errors import MissingExtraError
+    from espnet3_prefect.execution import backends
     from espnet3_prefect.execution.spec import preflight
 
     gpu = backends.get("local_gpu")
 
     def no_dask_cuda(self):
-        raise MissingExtraError("parallel.env 'local_gpu' needs the package 'dask_cuda': "
-                                "pip install \"espnet3-prefect[gpu]\"")
+        raise MissingExtraError(
+            "parallel.env 'local_gpu' needs the package 'dask_cuda': pip install \"espnet3-prefect[gpu]\""
+        )
 
     monkeypatch.setattr(type(gpu), "load_cluster_class", no_dask_cuda)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

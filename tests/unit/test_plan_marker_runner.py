@@ -4,9 +4,9 @@ import pytest
 
 from espnet3_prefect import BadInputError, BaseRunner, ConfigError, InferenceRunner
 from espnet3_prefect.espnet3.envcall import call_with_env
+from espnet3_prefect.espnet3.inference_runner import _utt_id
 from espnet3_prefect.pipeline.marker import check_marker, shard_files, write_marker
 from espnet3_prefect.pipeline.plan import default_num_shards, plan_shards
-from espnet3_prefect.espnet3.inference_runner import _utt_id
 from espnet3_prefect.pipeline.shard import drive
 
 
@@ -33,7 +33,8 @@ def test_marker_detects_missing_changed_and_truncated_files(tmp_path):
     assert set(shard_files(tmp_path)) == {"hyp.scp"}
     assert check_marker(tmp_path, expect) is None
     assert "config changed since it ran (config.a)" in check_marker(
-        tmp_path, {**expect, "fingerprint": "f2", "identity": {"config": {"a": 2}}})
+        tmp_path, {**expect, "fingerprint": "f2", "identity": {"config": {"a": 2}}}
+    )
     assert "the plan now wants [0, 2)" in check_marker(tmp_path, {**expect, "stop": 2})
     (tmp_path / "hyp.scp").write_text("u1 ")
     assert check_marker(tmp_path, expect).endswith("hyp.scp changed since the marker was written")
@@ -44,6 +45,7 @@ def test_marker_detects_missing_changed_and_truncated_files(tmp_path):
 def test_env_injection_by_name_and_conflicts():
     def forward(idx, model):
         return model + idx
+
     assert call_with_env(forward, 1, env={"model": 10, "dataset": None}) == 11
     with pytest.raises(ConfigError, match="argument 'model' is passed both explicitly and by the provider env"):
         call_with_env(forward, 1, env={"model": 10}, model=3)
@@ -57,8 +59,12 @@ def test_bad_utt_ids_are_rejected(utt):
 
 class _EchoProvider:
     def build_env_local(self):
-        return {"dataset": [{"utt_id": f"u{i}", "x": i} for i in range(5)], "model": lambda x: x if not isinstance(x, list) else x,
-                "input_key": "x", "idx_key": "utt_id"}
+        return {
+            "dataset": [{"utt_id": f"u{i}", "x": i} for i in range(5)],
+            "model": lambda x: x if not isinstance(x, list) else x,
+            "input_key": "x",
+            "idx_key": "utt_id",
+        }
 
 
 def test_inference_runner_writes_one_scp_per_field_in_order(tmp_path):
@@ -66,6 +72,7 @@ def test_inference_runner_writes_one_scp_per_field_in_order(tmp_path):
         if isinstance(idx, list):
             return [out(d, m, i) for d, m, i in zip(data, model_output, idx)]
         return {"utt_id": data["utt_id"], "hyp": f"h{model_output}", "score": model_output / 2}
+
     provider = _EchoProvider()
     env = {**provider.build_env_local(), "output_fn": out}
     runner = InferenceRunner(provider, batch_size=2, output_dir=tmp_path)
@@ -91,6 +98,7 @@ def test_runner_batch_size_validation(tmp_path):
 
 def test_base_runner_local_call_with_seed_style_writer_hooks(tmp_path):
     """Seed 000's MyTextRunner shape: custom hooks, close_writers(writers) with no state."""
+
     class TextRunner(BaseRunner):
         @staticmethod
         def forward(idx, dataset, model, **env):
@@ -102,7 +110,7 @@ def test_base_runner_local_call_with_seed_style_writer_hooks(tmp_path):
 
         @staticmethod
         def write_record(writers, result, state, **env):
-            writers["text"].write(f'{result["utt_id"]} {result["text"]}\n')
+            writers["text"].write(f"{result['utt_id']} {result['text']}\n")
 
         @staticmethod
         def close_writers(writers):

@@ -67,8 +67,18 @@ def _output_fn(data, model_output, idx):
 
 
 def _env(tmp_path, dataset, **extra):
-    return {"dataset": dataset, "model": _model, "input_key": "x", "output_fn": _output_fn, "idx_key": "utt_id",
-            "output_keys": None, "hyp_key": [], "ref_key": [], "output_dir": str(tmp_path), **extra}
+    return {
+        "dataset": dataset,
+        "model": _model,
+        "input_key": "x",
+        "output_fn": _output_fn,
+        "idx_key": "utt_id",
+        "output_keys": None,
+        "hyp_key": [],
+        "ref_key": [],
+        "output_dir": str(tmp_path),
+        **extra,
+    }
 
 
 def _units(n, batch_size):

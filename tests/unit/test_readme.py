@@ -23,8 +23,22 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.helpers.pages import (CONSOLE, DIRECTIVES, FENCE, PAGES, TEXT_LANGUAGES, all_blocks, bash_blocks, check_command, commands,
-                                 console_commands, fenced_blocks, offline_inventories, page_command, run_as_written)
+from tests.helpers.pages import (
+    CONSOLE,
+    DIRECTIVES,
+    FENCE,
+    PAGES,
+    TEXT_LANGUAGES,
+    all_blocks,
+    bash_blocks,
+    check_command,
+    commands,
+    console_commands,
+    fenced_blocks,
+    offline_inventories,
+    page_command,
+    run_as_written,
+)
 
 README = (ROOT / "README.md").read_text()
 TOP = README.split("\n## Your recipe", 1)[0]  # what a new user reads first: set-up, demo, deployments
@@ -32,8 +46,11 @@ TOP = README.split("\n## Your recipe", 1)[0]  # what a new user reads first: set
 
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_every_command_on_the_page_names_what_exists_and_parses(page):
-    blocks = [body if language == "bash" else console_commands(body)
-              for language, body in fenced_blocks(PAGES[page]) if language in ("bash", CONSOLE)]
+    blocks = [
+        body if language == "bash" else console_commands(body)
+        for language, body in fenced_blocks(PAGES[page])
+        if language in ("bash", CONSOLE)
+    ]
     for body in blocks:
         for argv in commands(body):
             check_command(argv, page)
@@ -42,8 +59,9 @@ def test_every_command_on_the_page_names_what_exists_and_parses(page):
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_every_fenced_block_has_a_language_we_check(page):
     for language, body in fenced_blocks(PAGES[page]):
-        assert language in {"bash", CONSOLE, "python", "yaml"} | TEXT_LANGUAGES | DIRECTIVES, \
+        assert language in {"bash", CONSOLE, "python", "yaml"} | TEXT_LANGUAGES | DIRECTIVES, (
             f"{page}: a ``` block without a known language: {body[:60]!r}"
+        )
 
 
 def test_python_examples_compile_and_import_what_exists():
@@ -63,7 +81,7 @@ def test_yaml_examples_load_and_parallel_blocks_validate():
 
     blocks = all_blocks("yaml")
     assert any("parallel" in (yaml.safe_load(body) or {}) for _, body in blocks)
-    for page, body in blocks:
+    for _page, body in blocks:
         data = yaml.safe_load(body)
         if isinstance(data, dict) and "parallel" in data:
             ParallelSpec.from_config(data["parallel"])  # a ConfigError names the key
@@ -131,8 +149,12 @@ def test_readme_torch_advice_matches_the_pinned_torch():
 def test_outputs_of_a_run_from_the_recipe_folder_are_ignored_by_git():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    for path in ("recipes/dtmf/exp/dtmf/inference/test_clean/hyp.scp", "exp/dtmf/data/test_clean/text",
-                 ".e3p/prefect/server.log", "docs/_build/html/index.html"):
+    for path in (
+        "recipes/dtmf/exp/dtmf/inference/test_clean/hyp.scp",
+        "exp/dtmf/data/test_clean/text",
+        ".e3p/prefect/server.log",
+        "docs/_build/html/index.html",
+    ):
         assert subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0, path
 
 
@@ -144,8 +166,11 @@ def test_stats_demo_prints_the_numbers_the_page_shows(tmp_path):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
     result = run_as_written(command.replace("python ", f"{sys.executable} ", 1), tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    [shown] = [body for language, body in fenced_blocks(PAGES["docs/workloads.md"])
-               if language == "text" and "log-mel dims" in body]
+    [shown] = [
+        body
+        for language, body in fenced_blocks(PAGES["docs/workloads.md"])
+        if language == "text" and "log-mel dims" in body
+    ]
 
     def numbers(text: str) -> tuple[str, str]:
         frames = re.search(r"^\d+ utterances, \d+ frames x \d+ log-mel dims", text, re.M).group(0)
@@ -159,7 +184,7 @@ def test_stats_demo_prints_the_numbers_the_page_shows(tmp_path):
 def test_cluster_script_commands_run_as_written():
     """`espnet3-prefect cluster-script` as the README and the scheduler pages show it, on the repository's
     own files: it prints a job script and submits nothing."""
-    pytest.importorskip("dask_jobqueue", reason="pip install \"espnet3-prefect[slurm]\"")
+    pytest.importorskip("dask_jobqueue", reason='pip install "espnet3-prefect[slurm]"')
     command = page_command("docs/schedulers/index.md", r"^espnet3-prefect cluster-script ")
     result = run_as_written(command, ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -170,7 +195,7 @@ def test_intersphinx_names_import_from_the_installed_packages_and_cover_the_page
     """The site's links into Prefect, Dask, distributed and dask-jobqueue come from inventories written at
     build time (nothing is downloaded): every listed name must import from the installed package, and
     every role on a page that names one of those projects must be listed (else it renders unlinked)."""
-    pytest.importorskip("dask_jobqueue", reason="pip install \"espnet3-prefect[slurm]\"")
+    pytest.importorskip("dask_jobqueue", reason='pip install "espnet3-prefect[slurm]"')
     inventories = offline_inventories()
     listed = {name for project in inventories.PROJECTS for name, _, _ in inventories.entries(project)}
     external = ("prefect", "prefect_dask", "dask", "distributed", "dask_jobqueue")
@@ -183,7 +208,7 @@ def test_intersphinx_names_import_from_the_installed_packages_and_cover_the_page
 def test_metric_files_the_pages_name_are_the_files_wer_and_cer_write(tmp_path):
     """The README and the quickstart name the alignment files of the demo's test_noisy; they are the
     files our WER and CER write into a test set's folder (no `.txt`, no brace pattern)."""
-    pytest.importorskip("jiwer", reason="pip install \"espnet3-prefect[metrics]\"")
+    pytest.importorskip("jiwer", reason='pip install "espnet3-prefect[metrics]"')
     from espnet3_prefect.metrics import CER, WER
 
     (tmp_path / "ref.scp").write_text("u1 a b c d\n")

@@ -10,8 +10,10 @@ from espnet3_prefect.cli import main
 from espnet3_prefect.launch import PREFECT_STAGES, on_prefect
 from tests.conftest import write_yaml
 
-NO_ESPNET3 = pytest.mark.skipif(importlib.util.find_spec("espnet3") is not None,
-                                reason="espnet3 is installed here: the errors for its absence are checked in .venv")
+NO_ESPNET3 = pytest.mark.skipif(
+    importlib.util.find_spec("espnet3") is not None,
+    reason="espnet3 is installed here: the errors for its absence are checked in .venv",
+)
 
 
 class RecipeSystem:
@@ -28,7 +30,10 @@ def test_on_prefect_takes_over_the_parallel_stages_only_and_keeps_the_class_iden
     system = on_prefect(RecipeSystem)
     assert issubclass(system, RecipeSystem) and system is not RecipeSystem
     assert (system.__name__, system.__module__, system.__qualname__) == (
-        "RecipeSystem", RecipeSystem.__module__, RecipeSystem.__qualname__)  # same egs3.TEMPLATE lookup
+        "RecipeSystem",
+        RecipeSystem.__module__,
+        RecipeSystem.__qualname__,
+    )  # same egs3.TEMPLATE lookup
     for stage in PREFECT_STAGES:
         assert getattr(system, stage) is not getattr(RecipeSystem, stage, None), stage
     assert system.train is RecipeSystem.train

@@ -6,29 +6,47 @@ from espnet3_prefect.pipeline.report import add_timing, bound_by, empty_timing, 
 
 
 def _summary(timing, workers=2, shards_run=2):
-    return {"test_set": "test_clean", "shards": 2, "shards_run": shards_run, "shards_cached": 2 - shards_run,
-            "items": 100, "failed": 0, "seconds": 5.0, "workers": workers, "timing": timing, "outputs": {}}
+    return {
+        "test_set": "test_clean",
+        "shards": 2,
+        "shards_run": shards_run,
+        "shards_cached": 2 - shards_run,
+        "items": 100,
+        "failed": 0,
+        "seconds": 5.0,
+        "workers": workers,
+        "timing": timing,
+        "outputs": {},
+    }
 
 
 def test_shard_timings_add_up_per_test_set_and_show_in_the_table_and_the_terminal():
     total = empty_timing()
     for load in (4.0, 4.5):
-        add_timing(total, {"seconds": 4.0, "timing": {"load_s": load, "wait_s": 0.25, "forward_s": 3.0,
-                                                      "write_s": 0.5, "prefetch": 2}})
+        add_timing(
+            total,
+            {
+                "seconds": 4.0,
+                "timing": {"load_s": load, "wait_s": 0.25, "forward_s": 3.0, "write_s": 0.5, "prefetch": 2},
+            },
+        )
     total["wall_s"] = 4.2
     [row] = summary_rows([_summary(total)])
     assert (row["load_s"], row["wait_s"], row["forward_s"], row["write_s"]) == (8.5, 0.5, 6.0, 1.0)
     assert row["utilisation"] == round(8.0 / (2 * 4.2), 3) and row["bound"] == "data loading"
     text = format_summary([_summary(total)])
-    assert "time in shards: load 8.5 s (waited 0.5 s), forward 6.0 s, write 1.0 s; workers 95% busy; " \
-           "bound by data loading" in text
+    assert (
+        "time in shards: load 8.5 s (waited 0.5 s), forward 6.0 s, write 1.0 s; workers 95% busy; "
+        "bound by data loading" in text
+    )
 
 
 def test_model_bound_writing_bound_and_unmeasured_loading():
     assert bound_by({"busy_s": 1, "load_s": 1.0, "forward_s": 3.0, "write_s": 0.1}) == "model"
     assert bound_by({"busy_s": 1, "load_s": 0.1, "forward_s": 0.2, "write_s": 2.0}) == "writing"
-    unmeasured = add_timing(empty_timing(), {"seconds": 2.0, "timing": {"load_s": None, "wait_s": 0.0,
-                                                                         "forward_s": 1.8, "write_s": 0.1}})
+    unmeasured = add_timing(
+        empty_timing(), {"seconds": 2.0, "timing": {"load_s": None, "wait_s": 0.0, "forward_s": 1.8, "write_s": 0.1}}
+    )
     unmeasured["wall_s"] = 2.0
     [row] = summary_rows([_summary(unmeasured, workers=1, shards_run=1)])
     assert row["load_s"] is None and row["bound"] == "model" and row["utilisation"] == 1.0

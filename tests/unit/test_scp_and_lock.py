@@ -7,8 +7,8 @@ import socket
 import pytest
 
 from espnet3_prefect import BadInputError, InferenceRunner
-from espnet3_prefect.pipeline.lock import LOCK_NAME, LockedError, acquire
 from espnet3_prefect._internal.scp import read_scp
+from espnet3_prefect.pipeline.lock import LOCK_NAME, LockedError, acquire
 
 
 def _write(tmp_path, records):
@@ -39,7 +39,9 @@ def test_unsafe_utt_ids_are_rejected(tmp_path, utt):
 def test_second_run_is_refused_with_the_holders_pid_and_host(tmp_path):
     lock = acquire(tmp_path, "run-1")
     try:
-        with pytest.raises(LockedError, match=f"in use by pid {os.getpid()} on host {socket.gethostname()} \\(flow run run-1"):
+        with pytest.raises(
+            LockedError, match=f"in use by pid {os.getpid()} on host {socket.gethostname()} \\(flow run run-1"
+        ):
             acquire(tmp_path, "run-2")
     finally:
         lock.release()
@@ -47,8 +49,9 @@ def test_second_run_is_refused_with_the_holders_pid_and_host(tmp_path):
 
 
 def test_lock_of_a_dead_process_is_taken_over_and_reported(tmp_path):
-    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 2 ** 22 + 7, "host": socket.gethostname(),
-                                                   "flow_run_id": "dead-run"}))
+    (tmp_path / LOCK_NAME).write_text(
+        json.dumps({"pid": 2**22 + 7, "host": socket.gethostname(), "flow_run_id": "dead-run"})
+    )
     lock = acquire(tmp_path, "run-2")
     assert lock.stale_holder["flow_run_id"] == "dead-run"
     assert json.loads((tmp_path / LOCK_NAME).read_text())["flow_run_id"] == "run-2"
@@ -57,7 +60,7 @@ def test_lock_of_a_dead_process_is_taken_over_and_reported(tmp_path):
 
 def test_half_written_lock_is_recovered_once_it_is_old(tmp_path):
     path = tmp_path / LOCK_NAME
-    path.write_text("{\"pid\": 12")
+    path.write_text('{"pid": 12')
     with pytest.raises(LockedError):  # may be being written right now
         acquire(tmp_path)
     os.utime(path, (0, 0))

@@ -79,6 +79,7 @@ def gone(pid: int, timeout_s: float = 10) -> bool:
 
 # -- per-project state dir ---------------------------------------------------------------------
 
+
 def test_default_state_dir_is_per_project_in_the_git_checkout(tmp_path, monkeypatch):
     monkeypatch.delenv("ESPNET3_PREFECT_HOME", raising=False)
     project_a, project_b = tmp_path / "a", tmp_path / "b"
@@ -116,6 +117,7 @@ def test_an_existing_gitignore_in_e3p_is_left_alone(tmp_path, monkeypatch):
 
 
 # -- list / find / stop --------------------------------------------------------------------------
+
 
 def test_list_servers_shows_running_ones_and_drops_records_of_dead_or_recycled_pids(tmp_path, registry, spawn):
     a = fake_server(spawn, tmp_path / "a", 40001)
@@ -181,9 +183,13 @@ def test_a_server_in_use_by_a_run_is_left_running_unless_forced(tmp_path, regist
 def test_deploy_local_server_is_stopped_with_its_worker_and_the_runs_it_started(tmp_path, registry, spawn):
     a = fake_server(spawn, tmp_path / "a", 40041)
     # The worker starts each flow run in its own session: a grandchild outside the worker's group.
-    worker = spawn([sys.executable, "-c",
-                    "import subprocess, sys, time; subprocess.Popen(['sleep', '120'], start_new_session=True);"
-                    "time.sleep(120)"])
+    worker = spawn(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; subprocess.Popen(['sleep', '120'], start_new_session=True);time.sleep(120)",
+        ]
+    )
     deadline = time.monotonic() + 10
     while not (runs := [p for p in descendants(worker.pid)]) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -197,8 +203,9 @@ def test_deploy_local_server_is_stopped_with_its_worker_and_the_runs_it_started(
 
 
 def test_stop_process_tree_of_a_process_that_leads_no_group(spawn):
-    parent = spawn([sys.executable, "-c",
-                    "import subprocess, time; subprocess.Popen(['sleep', '120']); time.sleep(120)"])
+    parent = spawn(
+        [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '120']); time.sleep(120)"]
+    )
     deadline = time.monotonic() + 10
     while not descendants(parent.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -209,12 +216,14 @@ def test_stop_process_tree_of_a_process_that_leads_no_group(spawn):
 
 
 def test_messages_for_a_kept_server_and_the_listing(tmp_path, registry):
-    rec = ServerRecord(pid=4242, api_url="http://127.0.0.1:40123/api", started="2026-11-23T10:40:12+00:00",
-                       state_dir="/p/.e3p/prefect")
+    rec = ServerRecord(
+        pid=4242, api_url="http://127.0.0.1:40123/api", started="2026-11-23T10:40:12+00:00", state_dir="/p/.e3p/prefect"
+    )
     assert kept_server_message(rec) == (
         "Prefect server left running (pid 4242, state /p/.e3p/prefect):\n"
         "  UI:   http://127.0.0.1:40123\n"
-        "  stop: espnet3-prefect servers --stop http://127.0.0.1:40123")
+        "  stop: espnet3-prefect servers --stop http://127.0.0.1:40123"
+    )
     table = format_servers([rec]).splitlines()
     assert table[0].split() == ["PID", "UI", "STARTED", "STATE", "DIR"]
     assert table[1].split() == ["4242", "http://127.0.0.1:40123", "2026-11-23", "10:40:12", "/p/.e3p/prefect"]

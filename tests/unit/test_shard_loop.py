@@ -192,8 +192,13 @@ def test_local_call_resumes_and_returns_what_merge_returns(tmp_path):
 def test_inference_runner_call_returns_true_like_upstream(tmp_path):
     class Provider:
         def build_env_local(self):
-            return {"dataset": DATA, "model": lambda x: {"y": x}, "input_key": "x", "idx_key": "utt_id",
-                    "output_keys": None}
+            return {
+                "dataset": DATA,
+                "model": lambda x: {"y": x},
+                "input_key": "x",
+                "idx_key": "utt_id",
+                "output_keys": None,
+            }
 
     def add_id(data, model_output, idx):
         return {"utt_id": data["utt_id"], **model_output}

@@ -8,10 +8,10 @@ import stat
 
 import pytest
 
+from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution import backends
 from espnet3_prefect.execution.backends.base import ClusterContext
 from espnet3_prefect.execution.backends.tls import RunCertificates
-from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec
 
 BATCH_OPTIONS = {"cores": 1, "memory": "1GB"}
@@ -20,8 +20,11 @@ SSH_OPTIONS = {"hosts": ["127.0.0.1", "127.0.0.1"]}
 
 
 def spec(env="slurm", options=None, **block):
-    opts = dict({**BATCH_OPTIONS, **EXTRA.get(env, {})} if options is None and env not in ("local", "ssh", "kube")
-                else options or {})
+    opts = dict(
+        {**BATCH_OPTIONS, **EXTRA.get(env, {})}
+        if options is None and env not in ("local", "ssh", "kube")
+        else options or {}
+    )
     if env == "ssh" and options is None:
         opts = dict(SSH_OPTIONS)
     if env == "kube" and options is None:
@@ -39,25 +42,44 @@ def test_tls_is_off_by_default_on_loopback_and_kube(env):
     assert spec(env).tls is False
 
 
-@pytest.mark.parametrize("block, message", [
-    ({"env": "slurm", "tls": "yes"}, "parallel.tls: must be true or false, got 'yes'"),
-    ({"env": "slurm", "tls": 1}, "parallel.tls: must be true or false, got 1"),
-    ({"env": "kube", "tls": True, "options": {"image": "x"}}, "parallel.tls: not available for env 'kube'"),
-    ({"address": "tcp://127.0.0.1:8786", "tls": True}, "parallel.tls: conflicts with parallel.address"),
-    ({"address": "tls://127.0.0.1:8786", "tls": False}, "parallel.tls: conflicts with parallel.address"),
-    ({"env": "slurm", "options": {**BATCH_OPTIONS, "security": True}}, "parallel.options.security: set by espnet3-prefect"),
-    ({"env": "slurm", "options": {**BATCH_OPTIONS, "protocol": "tcp://"}},
-     "parallel.options.protocol: 'tcp://' conflicts with parallel.tls: true"),
-    ({"env": "slurm", "tls": False, "options": {**BATCH_OPTIONS, "protocol": "tls://"}},
-     "parallel.options.protocol: 'tls' needs parallel.tls: true"),
-    ({"env": "slurm", "tls": False, "options": {**BATCH_OPTIONS, "shared_temp_directory": "/shared"}},
-     "parallel.options.shared_temp_directory: only holds the TLS certificates"),
-    ({"env": "ssh", "options": {**SSH_OPTIONS, "worker_options": {"security": {}}}},
-     "parallel.options.worker_options.security: set by espnet3-prefect"),
-    ({"env": "ssh", "options": {**SSH_OPTIONS, "scheduler_options": {"protocol": "tcp"}}},
-     "parallel.options.scheduler_options.protocol: 'tcp' conflicts"),
-    ({"env": "local", "tls": True, "options": {"protocol": "tcp://"}}, "parallel.options.protocol: 'tcp://' conflicts"),
-])
+@pytest.mark.parametrize(
+    "block, message",
+    [
+        ({"env": "slurm", "tls": "yes"}, "parallel.tls: must be true or false, got 'yes'"),
+        ({"env": "slurm", "tls": 1}, "parallel.tls: must be true or false, got 1"),
+        ({"env": "kube", "tls": True, "options": {"image": "x"}}, "parallel.tls: not available for env 'kube'"),
+        ({"address": "tcp://127.0.0.1:8786", "tls": True}, "parallel.tls: conflicts with parallel.address"),
+        ({"address": "tls://127.0.0.1:8786", "tls": False}, "parallel.tls: conflicts with parallel.address"),
+        (
+            {"env": "slurm", "options": {**BATCH_OPTIONS, "security": True}},
+            "parallel.options.security: set by espnet3-prefect",
+        ),
+        (
+            {"env": "slurm", "options": {**BATCH_OPTIONS, "protocol": "tcp://"}},
+            "parallel.options.protocol: 'tcp://' conflicts with parallel.tls: true",
+        ),
+        (
+            {"env": "slurm", "tls": False, "options": {**BATCH_OPTIONS, "protocol": "tls://"}},
+            "parallel.options.protocol: 'tls' needs parallel.tls: true",
+        ),
+        (
+            {"env": "slurm", "tls": False, "options": {**BATCH_OPTIONS, "shared_temp_directory": "/shared"}},
+            "parallel.options.shared_temp_directory: only holds the TLS certificates",
+        ),
+        (
+            {"env": "ssh", "options": {**SSH_OPTIONS, "worker_options": {"security": {}}}},
+            "parallel.options.worker_options.security: set by espnet3-prefect",
+        ),
+        (
+            {"env": "ssh", "options": {**SSH_OPTIONS, "scheduler_options": {"protocol": "tcp"}}},
+            "parallel.options.scheduler_options.protocol: 'tcp' conflicts",
+        ),
+        (
+            {"env": "local", "tls": True, "options": {"protocol": "tcp://"}},
+            "parallel.options.protocol: 'tcp://' conflicts",
+        ),
+    ],
+)
 def test_bad_tls_settings_are_one_line_naming_the_key(block, message):
     with pytest.raises(ConfigError) as info:
         ParallelSpec.from_config(block)
@@ -72,8 +94,9 @@ def test_tls_false_and_a_users_protocol_are_kept():
 
 @pytest.mark.parametrize("env", ["slurm", "pbs", "sge", "lsf", "htcondor", "moab", "oar"])
 def test_batch_kwargs_name_the_run_certificate_files(env):
-    kwargs = backends.get(env).cluster_kwargs(spec(env), ClusterContext(job_name="e3p-0123456789",
-                                                                        log_directory="/shared/logs/e3p-0123456789"))
+    kwargs = backends.get(env).cluster_kwargs(
+        spec(env), ClusterContext(job_name="e3p-0123456789", log_directory="/shared/logs/e3p-0123456789")
+    )
     folder = "/shared/logs/e3p-0123456789/tls-e3p-0123456789"
     security = kwargs["security"]
     assert kwargs["protocol"] == "tls://" and security.require_encryption
@@ -97,8 +120,9 @@ def test_a_users_log_directory_holds_the_certificate_folder():
 def test_the_job_script_names_the_files_and_never_holds_the_key(tmp_path):
     backend = backends.get("slurm")
     certs = RunCertificates.in_folder(tmp_path, "e3p-x").create()
-    kwargs = backend.cluster_kwargs(spec("slurm"), ClusterContext(job_name="e3p-x", log_directory=str(tmp_path),
-                                                                  certificates=certs))
+    kwargs = backend.cluster_kwargs(
+        spec("slurm"), ClusterContext(job_name="e3p-x", log_directory=str(tmp_path), certificates=certs)
+    )
     _, script = backend.preview(spec("slurm"), kwargs)
     assert f"--tls-key {certs.key_file}" in script and "tls://<insert-scheduler-address-here>" in script
     body = [line for line in certs.key_file.read_text().splitlines() if not line.startswith("-----")]
@@ -113,7 +137,9 @@ def test_local_tls_true_uses_dask_in_memory_certificates():
 def test_ssh_kwargs_carry_the_local_certificate_folder(tmp_path):
     backend = backends.get("ssh")
     certs = RunCertificates(tmp_path / "tls")
-    assert backend.cluster_kwargs(spec("ssh"), ClusterContext(certificates=certs))["tls_directory"] == str(certs.directory)
+    assert backend.cluster_kwargs(spec("ssh"), ClusterContext(certificates=certs))["tls_directory"] == str(
+        certs.directory
+    )
     assert "tls_directory" not in backend.cluster_kwargs(spec("ssh", tls=False), ClusterContext())
 
 
@@ -124,8 +150,10 @@ def test_certificate_files_are_private_and_removed(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(certs.directory.stat().st_mode) == 0o700
-    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in certs.directory.iterdir()} == \
-        {"cert.pem": 0o600, "key.pem": 0o600}
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in certs.directory.iterdir()} == {
+        "cert.pem": 0o600,
+        "key.pem": 0o600,
+    }
     assert "PRIVATE KEY" in certs.key_file.read_text()
     first = certs.key_file.read_text()
     certs.create()  # a second attempt of the same run: a fresh key
@@ -149,14 +177,24 @@ def test_a_scheduler_with_the_run_certificate_refuses_other_clients(tmp_path):
 
     certs = RunCertificates.in_folder(tmp_path, "e3p-x").create()
     other = RunCertificates.in_folder(tmp_path, "e3p-other").create()
-    with LocalCluster(n_workers=1, processes=False, protocol="tls://", host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      security=certs.security()) as cluster:
+    with LocalCluster(
+        n_workers=1,
+        processes=False,
+        protocol="tls://",
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+        security=certs.security(),
+    ) as cluster:
         assert cluster.scheduler_address.startswith("tls://")
         with Client(cluster, set_as_default=False) as client:
             assert client.submit(lambda x: x + 1, 1).result() == 2
         with pytest.raises(Exception):
             Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=2, set_as_default=False)
-        intruder = Security(tls_ca_file=str(certs.cert_file), tls_client_cert=str(other.cert_file),
-                            tls_client_key=str(other.key_file), require_encryption=True)
+        intruder = Security(
+            tls_ca_file=str(certs.cert_file),
+            tls_client_cert=str(other.cert_file),
+            tls_client_key=str(other.key_file),
+            require_encryption=True,
+        )
         with pytest.raises(Exception):
             Client(cluster.scheduler_address, security=intruder, timeout=2, set_as_default=False)

@@ -56,8 +56,9 @@ class Backend:
 
 
 def watcher_for(queue, cluster, log, tmp_path, **kwargs):
-    return JobWatcher(Backend(queue), "e3p-0123456789", tmp_path, cluster, log, expected_jobs=1,
-                      abort=lambda: None, **kwargs)
+    return JobWatcher(
+        Backend(queue), "e3p-0123456789", tmp_path, cluster, log, expected_jobs=1, abort=lambda: None, **kwargs
+    )
 
 
 def test_a_poll_says_whether_anything_changed(tmp_path):

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from espnet3_prefect import ConfigError, get_parallel_config, set_parallel
-from espnet3_prefect import entry
-from espnet3_prefect.execution import process_parallel as parallel_config
 from dtmf_demo.dtmf import make_corpus
 from dtmf_demo.feats import FeatsProvider, FeatsRunner, LogMel, write_npz
+from espnet3_prefect import ConfigError, entry, get_parallel_config, set_parallel
+from espnet3_prefect.execution import process_parallel as parallel_config
 from espnet3_prefect.pipeline.runner_job import check_indices, prepare_job, runner_fingerprint
 from tests.helpers.workloads import LogProvider, SquareRunner
 
@@ -32,7 +31,11 @@ def test_set_parallel_none_registers_the_default_once_and_then_keeps_what_is_the
     assert get_parallel_config() is None
     set_parallel(None)
     cfg = get_parallel_config()
-    assert isinstance(cfg, DictConfig) and OmegaConf.to_container(cfg) == {"env": "local", "n_workers": 1, "options": {}}
+    assert isinstance(cfg, DictConfig) and OmegaConf.to_container(cfg) == {
+        "env": "local",
+        "n_workers": 1,
+        "options": {},
+    }
     set_parallel(OmegaConf.create({"env": "local", "n_workers": 3}))
     set_parallel(None)  # keeps the registered block
     assert get_parallel_config().n_workers == 3
@@ -44,11 +47,13 @@ def test_set_parallel_takes_dictconfig_or_dict_resolves_and_validates():
     assert get_parallel_config().n_workers == 4 and dict(get_parallel_config().options) == {}
     set_parallel({"env": "local", "n_workers": 2, "options": {"threads_per_worker": 1}})
     assert get_parallel_config().options.threads_per_worker == 1
-    for bad, message in [({"env": "slrum"}, "parallel.env: unknown backend 'slrum'"),
-                         ({"env": "local", "n_workers": 0}, "parallel.n_workers: must be a positive integer"),
-                         ({"env": "local", "options": {"queue": "x"}}, "parallel.options.queue: a batch-scheduler"),
-                         ({"env": "local", "nworkers": 2}, "parallel.nworkers: unknown key"),
-                         ("local", "parallel: must be a mapping")]:
+    for bad, message in [
+        ({"env": "slrum"}, "parallel.env: unknown backend 'slrum'"),
+        ({"env": "local", "n_workers": 0}, "parallel.n_workers: must be a positive integer"),
+        ({"env": "local", "options": {"queue": "x"}}, "parallel.options.queue: a batch-scheduler"),
+        ({"env": "local", "nworkers": 2}, "parallel.nworkers: unknown key"),
+        ("local", "parallel: must be a mapping"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             set_parallel(bad)
     assert get_parallel_config().n_workers == 2  # a refused block leaves the registered one alone
@@ -82,12 +87,20 @@ def test_job_plans_explicit_lists_per_shard_and_a_range_as_plain_ranges(tmp_path
 def test_job_reads_as_its_summary_for_the_api_never_the_runner(tmp_path):
     from fastapi.encoders import jsonable_encoder
 
-    job = prepare_job(SquareRunner(LogProvider({"secret": object()}), None, tmp_path), range(5),
-                      {"env": "local", "n_workers": 2})
+    job = prepare_job(
+        SquareRunner(LogProvider({"secret": object()}), None, tmp_path), range(5), {"env": "local", "n_workers": 2}
+    )
     stored = jsonable_encoder(job)
-    assert stored == {"runner": "tests.helpers.workloads.SquareRunner", "items": 5, "shards": 5, "batch_size": None,
-                      "output_dir": str(tmp_path), "shard_subdir": "", "resume": True,
-                      "parallel": {"env": "local", "n_workers": 2}}
+    assert stored == {
+        "runner": "tests.helpers.workloads.SquareRunner",
+        "items": 5,
+        "shards": 5,
+        "batch_size": None,
+        "output_dir": str(tmp_path),
+        "shard_subdir": "",
+        "resume": True,
+        "parallel": {"env": "local", "n_workers": 2},
+    }
     assert json.dumps(stored)
 
 
@@ -108,8 +121,12 @@ def test_fingerprint_covers_code_provider_config_batch_size_and_the_index_list(t
 
 def test_indices_must_be_ints(tmp_path):
     assert check_indices([np.int64(3), 1]) == [3, 1]
-    for bad, message in [([], "no indices"), ([0, 1.5], r"indices\[1\] is 1.5"), ([True], r"indices\[0\] is True"),
-                         (5, "must be an iterable of ints")]:
+    for bad, message in [
+        ([], "no indices"),
+        ([0, 1.5], r"indices\[1\] is 1.5"),
+        ([True], r"indices\[0\] is True"),
+        (5, "must be an iterable of ints"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             check_indices(bad)
     with pytest.raises(ConfigError, match="output_dir: not set"):
@@ -128,8 +145,10 @@ def test_a_worker_reimporting_the_script_is_told_to_guard_it(monkeypatch, tmp_pa
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
-    return [{"name": "a", "data_dir": str(make_corpus(root / "a", 23, seed=3))},
-            {"name": "b", "data_dir": str(make_corpus(root / "b", 17, seed=4, noise_db=-20.0))}]
+    return [
+        {"name": "a", "data_dir": str(make_corpus(root / "a", 23, seed=3))},
+        {"name": "b", "data_dir": str(make_corpus(root / "b", 17, seed=4, noise_db=-20.0))},
+    ]
 
 
 def _stats_run(corpus, out, batch_size):
@@ -150,14 +169,15 @@ def test_stats_are_the_global_mean_and_variance_of_every_feature_frame(corpus, t
 
 
 def test_another_shard_plan_changes_statistics_only_by_float_rounding(corpus, tmp_path):
-    one = _stats_run(corpus, tmp_path / "many", None)   # 32 shards
-    two = _stats_run(corpus, tmp_path / "few", 8)       # 5 shards of 8
+    one = _stats_run(corpus, tmp_path / "many", None)  # 32 shards
+    two = _stats_run(corpus, tmp_path / "few", 8)  # 5 shards of 8
     assert len(list((tmp_path / "few").glob("split.*"))) == 5
     assert one["frames"] == two["frames"]
     np.testing.assert_allclose(one["mean"], two["mean"], rtol=1e-12)
     np.testing.assert_allclose(one["std"], two["std"], rtol=1e-12)
-    for line_a, line_b in zip((tmp_path / "many/feats.scp").read_text().splitlines(),
-                              (tmp_path / "few/feats.scp").read_text().splitlines()):
+    for line_a, line_b in zip(
+        (tmp_path / "many/feats.scp").read_text().splitlines(), (tmp_path / "few/feats.scp").read_text().splitlines()
+    ):
         assert np.load(line_a.split()[1]).tobytes() == np.load(line_b.split()[1]).tobytes()  # features identical
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from espnet3_prefect.errors import ConfigError
 from espnet3_prefect._internal.util import is_number
+from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.backends import htcondor, kube, local, lsf, moab, oar, pbs, sge, slurm, ssh
 from espnet3_prefect.execution.backends.base import Backend, ClusterContext
 
@@ -78,7 +78,7 @@ def lifetime_margin(env: str, value: Any) -> float | None:
     return float(value)
 
 
-def cluster_kwargs(spec: "ParallelSpec", **context: Any) -> dict[str, Any]:
+def cluster_kwargs(spec: ParallelSpec, **context: Any) -> dict[str, Any]:
     """The cluster keyword arguments for ``spec`` (``context``: the fields of :class:`ClusterContext`)."""
     return get(spec.env).cluster_kwargs(spec, ClusterContext(**context))
 
@@ -91,5 +91,15 @@ def current_job_id() -> str | None:
     return None
 
 
-__all__ = ["Backend", "ClusterContext", "batch", "cluster_kwargs", "current_job_id", "get", "lifetime_margin",
-           "names", "register", "validate"]
+__all__ = [
+    "Backend",
+    "ClusterContext",
+    "batch",
+    "cluster_kwargs",
+    "current_job_id",
+    "get",
+    "lifetime_margin",
+    "names",
+    "register",
+    "validate",
+]

@@ -12,17 +12,18 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
-from espnet3_prefect.errors import ConfigError, MissingExtraError
 from espnet3_prefect._internal.util import CLIENT_FILE_VAR
+from espnet3_prefect.errors import ConfigError, MissingExtraError
 
 if TYPE_CHECKING:
-    from espnet3_prefect.execution.spec import ParallelSpec
     from espnet3_prefect.execution.backends.jobs import JobQueue
     from espnet3_prefect.execution.backends.tls import RunCertificates
     from espnet3_prefect.execution.backends.walltime import Lifetime
+    from espnet3_prefect.execution.spec import ParallelSpec
 
 # Variables every worker needs; batch jobs and SSH workers get them explicitly, since not every
 # scheduler passes the submitter's environment on (SGE and PBS do not without -V). With a Prefect
@@ -35,9 +36,24 @@ RUNNER_MANAGED = ("asynchronous", "loop", "start")
 PREVIEW_JOB_NAME = "e3p-preview"
 # Options that only mean something to a batch scheduler; a classic copy-paste mistake under local.
 SCHEDULER_ONLY = (
-    "queue", "account", "project", "walltime", "job_extra", "job_extra_directives",
-    "job_script_prologue", "env_extra", "job_directives_skip", "header_skip", "job_cpu",
-    "job_mem", "resource_spec", "log_directory", "shebang", "job_name", "cores", "memory",
+    "queue",
+    "account",
+    "project",
+    "walltime",
+    "job_extra",
+    "job_extra_directives",
+    "job_script_prologue",
+    "env_extra",
+    "job_directives_skip",
+    "header_skip",
+    "job_cpu",
+    "job_mem",
+    "resource_spec",
+    "log_directory",
+    "shebang",
+    "job_name",
+    "cores",
+    "memory",
 )
 
 
@@ -62,7 +78,7 @@ class ClusterContext:
     log_directory: str | None = None
     environ: Mapping[str, str] | None = None
     submit_errors: list | None = None
-    certificates: "RunCertificates | None" = None
+    certificates: RunCertificates | None = None
     worker_preload: tuple[str, ...] = ()
     forkserver_preload: tuple[str, ...] = ()
 
@@ -87,7 +103,8 @@ def exported_environment(environ: Mapping[str, str] | None = None) -> dict[str, 
 
 
 def needs_preload(exported: Mapping[str, str]) -> bool:
-    """Whether workers must run the client-file preload (:data:`~espnet3_prefect._internal.util.CLIENT_FILE_PRELOAD`)."""
+    """Whether workers must run the client-file preload
+    (:data:`~espnet3_prefect._internal.util.CLIENT_FILE_PRELOAD`)."""
     return CLIENT_FILE_VAR in exported
 
 
@@ -99,8 +116,11 @@ def keyword_names(*classes: type) -> set[str]:
     """Keyword parameters of the classes' ``__init__`` (what a cluster accepts as options)."""
     names = set()
     for cls in classes:
-        names |= {p.name for p in inspect.signature(cls.__init__).parameters.values()
-                  if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        names |= {
+            p.name
+            for p in inspect.signature(cls.__init__).parameters.values()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
     return names - {"self", "scheduler", "n_workers", "job_cls", *RUNNER_MANAGED}
 
 
@@ -108,22 +128,28 @@ class Backend:
     """One ``parallel.env`` value. Subclasses set the class attributes and override the hooks."""
 
     name: str = ""
-    cluster_class: str = ""          # dotted path of the Dask cluster class
-    extra: str | None = None          # the pip extra that installs it
+    cluster_class: str = ""  # dotted path of the Dask cluster class
+    extra: str | None = None  # the pip extra that installs it
     also_needs: tuple[str, ...] = ()  # modules the cluster class imports only when it starts
-    batch: bool = False               # workers are jobs in a scheduler's queue (named, watched, cancelled)
-    queue: "JobQueue | None" = None   # lists/cancels this user's jobs; None where we cannot ask
+    batch: bool = False  # workers are jobs in a scheduler's queue (named, watched, cancelled)
+    queue: JobQueue | None = None  # lists/cancels this user's jobs; None where we cannot ask
     job_id_variable: str | None = None  # set inside a batch job: its id
     refuses_scheduler_options = False  # batch-scheduler options are a mistake here (see SCHEDULER_ONLY)
     start_at_once = False  # create the cluster on entering the runner: a remote start fails early, on one line
-    tls_default = False    # parallel.tls when unset: scheduler <-> workers over TLS (backends/tls.py)
+    tls_default = False  # parallel.tls when unset: scheduler <-> workers over TLS (backends/tls.py)
     tls_supported = False  # whether parallel.tls: true is possible here
-    tls_files = False      # TLS needs this run's certificate files (workers in other processes or hosts)
+    tls_files = False  # TLS needs this run's certificate files (workers in other processes or hosts)
 
     # -- validation ---------------------------------------------------------------------------
 
-    def validate(self, options: dict, lifetime_margin_s: float | None = None, *,
-                 batch_envs: tuple[str, ...] = (), tls: bool | None = None) -> None:
+    def validate(
+        self,
+        options: dict,
+        lifetime_margin_s: float | None = None,
+        *,
+        batch_envs: tuple[str, ...] = (),
+        tls: bool | None = None,
+    ) -> None:
         """Every check of ``parallel.options`` for this env, each failing on one line naming the key
         (``batch_envs``: where a misplaced batch-scheduler option belongs, for the message; ``tls``:
         ``parallel.tls`` as given, None for unset)."""
@@ -135,24 +161,27 @@ class Backend:
         if self.refuses_scheduler_options:
             for key in options:
                 if key in SCHEDULER_ONLY:
-                    raise option_error(key, f"a batch-scheduler option, not valid with env {self.name!r} "
-                                            f"(it belongs under env: {'/'.join(batch_envs)})")
+                    raise option_error(
+                        key,
+                        f"a batch-scheduler option, not valid with env {self.name!r} "
+                        f"(it belongs under env: {'/'.join(batch_envs)})",
+                    )
         self.check_options(options, lifetime_margin_s)
         if self.tls_supported:
             from espnet3_prefect.execution.backends.tls import check_tls_options, tls_enabled
 
             check_tls_options(options, tls_enabled(self, tls))
 
-    def uses_tls(self, spec: "ParallelSpec") -> bool:
+    def uses_tls(self, spec: ParallelSpec) -> bool:
         """Whether this run's scheduler and workers talk TLS (``spec.tls``, else this env's default)."""
         return self.tls_default if spec.tls is None else bool(spec.tls)
 
-    def dask_settings(self, spec: "ParallelSpec", context: ClusterContext | None = None) -> dict:
+    def dask_settings(self, spec: ParallelSpec, context: ClusterContext | None = None) -> dict:
         """Dask configuration held in this process while the run's cluster lives (workers started
         later by adaptive scaling get it too); none by default."""
         return {}
 
-    def certificate_folder(self, spec: "ParallelSpec", context: ClusterContext) -> str | None:
+    def certificate_folder(self, spec: ParallelSpec, context: ClusterContext) -> str | None:
         """Where this run's certificate folder goes when ``parallel.tls`` is on; None: a fresh
         private temporary folder on this machine (see :meth:`RunCertificates.temporary`)."""
         return None
@@ -164,8 +193,9 @@ class Backend:
             return
         unknown = sorted(set(options) - valid)
         if unknown:
-            raise option_error(unknown[0], f"not an option of env {self.name!r}; valid options: "
-                                           f"{', '.join(sorted(valid))}")
+            raise option_error(
+                unknown[0], f"not an option of env {self.name!r}; valid options: {', '.join(sorted(valid))}"
+            )
 
     def valid_options(self) -> set[str] | None:
         """Option names this env accepts; None where we cannot tell before it starts."""
@@ -187,25 +217,26 @@ class Backend:
                 importlib.import_module(extra_module)
         except ImportError as exc:
             missing = getattr(exc, "name", None) or module_name
-            raise MissingExtraError(f"parallel.env {self.name!r} needs the package {missing!r}: "
-                                    f"pip install \"espnet3-prefect[{self.extra}]\"") from None
+            raise MissingExtraError(
+                f'parallel.env {self.name!r} needs the package {missing!r}: pip install "espnet3-prefect[{self.extra}]"'
+            ) from None
         return getattr(module, attr)
 
-    def cluster_kwargs(self, spec: "ParallelSpec", context: ClusterContext) -> dict[str, Any]:
+    def cluster_kwargs(self, spec: ParallelSpec, context: ClusterContext) -> dict[str, Any]:
         """Keyword arguments for the cluster class: our defaults, then the user's options."""
         return {**spec.options, "n_workers": spec.n_workers}
 
-    def lifetime(self, spec: "ParallelSpec") -> "Lifetime | None":
+    def lifetime(self, spec: ParallelSpec) -> Lifetime | None:
         """When workers retire before their walltime; None where they have none."""
         return None
 
-    def adapt_kwargs(self, spec: "ParallelSpec") -> dict[str, Any] | None:
+    def adapt_kwargs(self, spec: ParallelSpec) -> dict[str, Any] | None:
         """Workers that retire before their walltime are replaced: adapt between n_workers and n_workers."""
         if self.lifetime(spec) is None:
             return None
         return {"minimum": spec.n_workers, "maximum": spec.n_workers}
 
-    def before_start(self, spec: "ParallelSpec") -> None:
+    def before_start(self, spec: ParallelSpec) -> None:
         """Checks that need this machine (e.g. visible GPUs); run when the runner is built."""
 
     def start_error_hint(self, exc: BaseException) -> str:
@@ -214,7 +245,7 @@ class Backend:
 
     # -- cluster-script -------------------------------------------------------------------------
 
-    def preview(self, spec: "ParallelSpec", kwargs: Mapping[str, Any]) -> tuple[str, str]:
+    def preview(self, spec: ParallelSpec, kwargs: Mapping[str, Any]) -> tuple[str, str]:
         """``(kind, text)`` shown by ``cluster-script``: ``"job script"`` or ``"yaml"``."""
         from espnet3_prefect.execution.backends.preview import dump_yaml
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 METHOD_KEY = "distributed.worker.multiprocessing-method"
 #: names of the variables a worker keeps (set by :func:`worker_environ`, read by :func:`adopt_environ`)

@@ -18,18 +18,34 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
+from espnet3_prefect._internal.util import CLIENT_FILE_PRELOAD, SECRET_VARS, without_secrets
 from espnet3_prefect.errors import one_line
-from espnet3_prefect._internal.util import SECRET_VARS, CLIENT_FILE_PRELOAD, without_secrets
 from espnet3_prefect.execution.backends.allocator import allocator_exports
-from espnet3_prefect.execution.backends.base import (LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment, keyword_names, needs_preload,
-                   option_error)
+from espnet3_prefect.execution.backends.base import (
+    LOOPBACK_DASHBOARD,
+    Backend,
+    ClusterContext,
+    exported_environment,
+    keyword_names,
+    needs_preload,
+    option_error,
+)
 from espnet3_prefect.execution.backends.tls import RunCertificates
 from espnet3_prefect.execution.backends.walltime import Lifetime, WalltimeFormat, worker_lifetime
 
-LIST_OPTIONS = ("job_extra_directives", "job_script_prologue", "worker_extra_args",
-                "job_directives_skip", "job_extra", "env_extra", "header_skip", "extra")
+LIST_OPTIONS = (
+    "job_extra_directives",
+    "job_script_prologue",
+    "worker_extra_args",
+    "job_directives_skip",
+    "job_extra",
+    "env_extra",
+    "header_skip",
+    "extra",
+)
 
 
 class JobqueueBackend(Backend):
@@ -38,7 +54,7 @@ class JobqueueBackend(Backend):
     tls_default = tls_supported = tls_files = True
     walltime: WalltimeFormat | None = None  # None: dask-jobqueue gives these jobs no walltime
     required_options: tuple[tuple[str, str], ...] = ()  # (key, example) besides cores and memory
-    mapping_options: tuple[str, ...] = ()    # list options this scheduler also takes as a mapping
+    mapping_options: tuple[str, ...] = ()  # list options this scheduler also takes as a mapping
 
     @property
     def has_walltime(self) -> bool:
@@ -67,16 +83,24 @@ class JobqueueBackend(Backend):
             if value is None or (key in self.mapping_options and isinstance(value, Mapping)):
                 continue
             if isinstance(value, str) or not isinstance(value, (list, tuple)):
-                raise option_error(key, f"must be a list of strings, got {type(value).__name__} {value!r} "
-                                        f"(write it as [{value!r}])" if isinstance(value, str) else
-                                        f"must be a list of strings, got {type(value).__name__}")
+                raise option_error(
+                    key,
+                    f"must be a list of strings, got {type(value).__name__} {value!r} (write it as [{value!r}])"
+                    if isinstance(value, str)
+                    else f"must be a list of strings, got {type(value).__name__}",
+                )
             bad = [v for v in value if not isinstance(v, (str, int, float))]
             if bad:
                 raise option_error(key, f"must be a list of strings, got an item {bad[0]!r}")
-        cores, memory = options.get("cores", self._configured("cores")), options.get("memory", self._configured("memory"))
+        cores, memory = (
+            options.get("cores", self._configured("cores")),
+            options.get("memory", self._configured("memory")),
+        )
         if cores is None or memory is None:
             missing = "cores" if cores is None else "memory"
-            raise option_error(missing, f"required for env {self.name!r} (cores and memory per job, e.g. cores: 4, memory: 16GB)")
+            raise option_error(
+                missing, f"required for env {self.name!r} (cores and memory per job, e.g. cores: 4, memory: 16GB)"
+            )
         if not is_int(cores) or cores <= 0:
             raise option_error("cores", f"must be a positive integer, got {cores!r}")
         try:
@@ -89,8 +113,9 @@ class JobqueueBackend(Backend):
             if not is_int(processes) or processes <= 0:
                 raise option_error("processes", f"must be a positive integer, got {processes!r}")
             if processes > cores:
-                raise option_error("processes", f"{processes} worker processes per job need at least as many "
-                                                f"cores, got cores: {cores}")
+                raise option_error(
+                    "processes", f"{processes} worker processes per job need at least as many cores, got cores: {cores}"
+                )
         for key, example in self.required_options:
             if options.get(key, self._configured(key)) is None:
                 raise option_error(key, f"required for env {self.name!r} ({example})")
@@ -137,18 +162,25 @@ class JobqueueBackend(Backend):
         options.pop("job_name", None)  # used as the prefix of job_name
         options.pop("shared_temp_directory", None)  # where the certificate folder goes (certificate_folder)
         if self.uses_tls(spec):
-            certs = context.certificates or RunCertificates.in_folder(self.certificate_folder(spec, context),
-                                                                      context.job_name)
+            certs = context.certificates or RunCertificates.in_folder(
+                self.certificate_folder(spec, context), context.job_name
+            )
             kwargs.update(security=certs.security(), protocol="tls://")
         self.adjust_options(options, options.get("log_directory") or kwargs.get("log_directory"), context.job_name)
         kwargs.update(options)
-        kwargs.update(scheduler_options=scheduler_options, worker_extra_args=worker_args,
-                      job_name=context.job_name, n_workers=spec.n_workers)
+        kwargs.update(
+            scheduler_options=scheduler_options,
+            worker_extra_args=worker_args,
+            job_name=context.job_name,
+            n_workers=spec.n_workers,
+        )
         if prologue:
             kwargs["job_script_prologue"] = prologue
         base = self.load_cluster_class().job_cls
         environ = os.environ if context.environ is None else context.environ
-        job_cls = self.submit_job_class(secret_free_job_class(base) if any(environ.get(k) for k in SECRET_VARS) else base)
+        job_cls = self.submit_job_class(
+            secret_free_job_class(base) if any(environ.get(k) for k in SECRET_VARS) else base
+        )
         if context.submit_errors is not None:
             job_cls = recording_job_class(job_cls, context.submit_errors)
         if job_cls is not base:
@@ -161,8 +193,9 @@ class JobqueueBackend(Backend):
         import os
 
         options = spec.options
-        return str(options.get("shared_temp_directory") or options.get("log_directory") or context.log_directory
-                   or os.getcwd())
+        return str(
+            options.get("shared_temp_directory") or options.get("log_directory") or context.log_directory or os.getcwd()
+        )
 
     def log_directory(self, spec, log_root, job_name: str) -> str:
         """Where this run's job logs go: ``options.log_directory``, else ``<log_root>/.dask-jobs/<job name>``."""

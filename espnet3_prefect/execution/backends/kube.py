@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.execution.backends.base import Backend, ClusterContext, exported_environment, needs_preload, option_error
+from espnet3_prefect.execution.backends.base import (
+    Backend,
+    ClusterContext,
+    exported_environment,
+    needs_preload,
+    option_error,
+)
 
 REQUIRED = ("image",)
 
@@ -20,8 +27,9 @@ class KubeBackend(Backend):
         installed dask-kubernetes accepts, checked when it starts."""
         for key in REQUIRED:
             if not options.get(key):
-                raise option_error(key, "required for env 'kube' (a container image with espnet3-prefect "
-                                        "and your recipe installed)")
+                raise option_error(
+                    key, "required for env 'kube' (a container image with espnet3-prefect and your recipe installed)"
+                )
         for key in ("env", "resources"):
             value = options.get(key)
             if value is not None and not isinstance(value, Mapping):
@@ -32,10 +40,11 @@ class KubeBackend(Backend):
         options = dict(spec.options)
         exported = exported_environment(context.environ)
         if needs_preload(exported):
-            raise ConfigError("parallel.env 'kube': a Prefect API that asks for auth is not supported for pods yet "
-                              "(they cannot read the credential file on this machine's disk)")
-        env = {**exported,
-               **{str(k): str(v) for k, v in (options.pop("env", None) or {}).items()}}
+            raise ConfigError(
+                "parallel.env 'kube': a Prefect API that asks for auth is not supported for pods yet "
+                "(they cannot read the credential file on this machine's disk)"
+            )
+        env = {**exported, **{str(k): str(v) for k, v in (options.pop("env", None) or {}).items()}}
         return {"name": context.job_name, **options, "env": env, "n_workers": spec.n_workers}
 
     def preview(self, spec, kwargs: Mapping[str, Any]) -> tuple[str, str]:
@@ -45,8 +54,10 @@ class KubeBackend(Backend):
         resource = render_kube_spec(kwargs)
         if resource is not None:
             return "yaml", dump_yaml(resource)
-        return "yaml", ("# dask-kubernetes is not installed (pip install \"espnet3-prefect[kube]\"): "
-                        "the KubeCluster arguments\n" + dump_yaml(dict(kwargs)))
+        return "yaml", (
+            '# dask-kubernetes is not installed (pip install "espnet3-prefect[kube]"): '
+            "the KubeCluster arguments\n" + dump_yaml(dict(kwargs))
+        )
 
 
 def render_kube_spec(kwargs: Mapping[str, Any]) -> dict | None:
@@ -55,8 +66,11 @@ def render_kube_spec(kwargs: Mapping[str, Any]) -> dict | None:
         from dask_kubernetes.operator import make_cluster_spec
     except ImportError:
         return None
-    passed = {k: kwargs[k] for k in ("image", "resources", "env", "worker_command", "scheduler_service_type",
-                                     "idle_timeout", "jupyter") if kwargs.get(k) is not None}
+    passed = {
+        k: kwargs[k]
+        for k in ("image", "resources", "env", "worker_command", "scheduler_service_type", "idle_timeout", "jupyter")
+        if kwargs.get(k) is not None
+    }
     return make_cluster_spec(name=kwargs["name"], n_workers=kwargs.get("n_workers"), **passed)
 
 

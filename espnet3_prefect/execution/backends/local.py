@@ -20,8 +20,12 @@ class LocalBackend(Backend):
     refuses_scheduler_options = True
     tls_supported = True
     preloads_workers = True  # LocalCluster passes ``preload`` to every worker (ClusterContext.worker_preload)
-    defaults: dict[str, Any] = {"host": "127.0.0.1", "dashboard_address": LOOPBACK_DASHBOARD,
-                                "threads_per_worker": 1, "processes": True}
+    defaults: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "dashboard_address": LOOPBACK_DASHBOARD,
+        "threads_per_worker": 1,
+        "processes": True,
+    }
 
     def valid_options(self) -> set[str] | None:
         from distributed import LocalCluster, Nanny, Worker
@@ -98,12 +102,15 @@ def check_gpu_count(n_workers: int, visible: int) -> None:
     """``local_gpu`` runs one worker per GPU: more workers than visible GPUs is an error."""
     shown = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
     if visible == 0:
-        raise ConfigError(f"parallel.env: 'local_gpu' needs a GPU and none is visible here "
-                          f"(CUDA_VISIBLE_DEVICES={shown}, nvidia-smi lists none); use env: local to run on CPUs")
+        raise ConfigError(
+            f"parallel.env: 'local_gpu' needs a GPU and none is visible here "
+            f"(CUDA_VISIBLE_DEVICES={shown}, nvidia-smi lists none); use env: local to run on CPUs"
+        )
     if n_workers > visible:
         raise ConfigError(
             f"parallel.n_workers: {n_workers} exceeds the {visible} visible GPU(s) for env 'local_gpu' "
-            f"(CUDA_VISIBLE_DEVICES={shown})")
+            f"(CUDA_VISIBLE_DEVICES={shown})"
+        )
 
 
 BACKENDS = (LocalBackend(), LocalGpuBackend())

@@ -23,7 +23,8 @@ import math
 import os
 import re
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from espnet3_prefect._internal.proc import run_command
 from espnet3_prefect.execution.backends.base import option_error
@@ -48,8 +49,10 @@ class OarQueue(JobQueue):
         out = run_command(["oarstat", "-u", getpass.getuser(), "-J"], timeout_s=30).stdout
         if not out.strip():
             return []
-        jobs = [QueuedJob(str(job_id), str(info.get("name") or ""), str(info.get("state") or ""))
-                for job_id, info in json.loads(out).items()]
+        jobs = [
+            QueuedJob(str(job_id), str(info.get("name") or ""), str(info.get("state") or ""))
+            for job_id, info in json.loads(out).items()
+        ]
         return sorted(jobs, key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0)
 
     def cancel(self, job_ids: list[str]) -> None:
@@ -75,8 +78,10 @@ class OarBackend(JobqueueBackend):
         if name in (None, "", NO_MEMORY_PROPERTY):
             return None
         if not isinstance(name, str) or not _PROPERTY_NAME.fullmatch(name):
-            raise option_error("memory_per_core_property_name", f"must be an OAR property name (see oarnodes) "
-                                                                f"or {NO_MEMORY_PROPERTY!r}, got {name!r}")
+            raise option_error(
+                "memory_per_core_property_name",
+                f"must be an OAR property name (see oarnodes) or {NO_MEMORY_PROPERTY!r}, got {name!r}",
+            )
         return name
 
     def adjust_options(self, options: dict, log_dir: str | None, job_name: str) -> None:

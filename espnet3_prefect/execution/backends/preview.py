@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from espnet3_prefect.errors import ConfigError, one_line
 
@@ -42,6 +43,7 @@ def render_job_script(cluster_class: type, kwargs: Mapping[str, Any]) -> str:
         def runner(coro):
             with ThreadPoolExecutor(1) as pool:
                 return pool.submit(asyncio.run, coro).result()
+
     try:
         return runner(build())
     except ValueError as exc:  # dask-jobqueue's own checks, e.g. an unknown keyword

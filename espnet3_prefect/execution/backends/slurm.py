@@ -12,8 +12,18 @@ from espnet3_prefect.execution.backends.walltime import WalltimeFormat
 
 class SlurmQueue(JobQueue):
     list_command = "squeue"
-    ended_states = ("COMPLETING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
-                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
+    ended_states = (
+        "COMPLETING",
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+    )
 
     def jobs(self) -> list[QueuedJob]:
         out = run_command(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%j|%T|%r"], timeout_s=30).stdout

@@ -7,11 +7,18 @@ from __future__ import annotations
 import ipaddress
 import shlex
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from espnet3_prefect.errors import ConfigError
 from espnet3_prefect._internal.util import CLIENT_FILE_PRELOAD
-from espnet3_prefect.execution.backends.base import LOOPBACK_DASHBOARD, Backend, ClusterContext, exported_environment, needs_preload
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.execution.backends.base import (
+    LOOPBACK_DASHBOARD,
+    Backend,
+    ClusterContext,
+    exported_environment,
+    needs_preload,
+)
 
 
 def _is_loopback(host: str) -> bool:
@@ -49,12 +56,20 @@ class SshBackend(Backend):
         """
         options = dict(spec.options)
         hosts = options.get("hosts")
-        if not hosts or not isinstance(hosts, (list, tuple)) or len(hosts) < 2 or not all(isinstance(h, str) for h in hosts):
+        if (
+            not hosts
+            or not isinstance(hosts, (list, tuple))
+            or len(hosts) < 2
+            or not all(isinstance(h, str) for h in hosts)
+        ):
             raise ConfigError("parallel.options.hosts: env 'ssh' needs a list [scheduler_host, worker_host, ...]")
         workers = list(hosts[1:])
         expanded = [hosts[0]] + [workers[i % len(workers)] for i in range(spec.n_workers)]
-        scheduler_defaults = {"host": "127.0.0.1" if _is_loopback(hosts[0]) else hosts[0], "port": 0,
-                              "dashboard_address": LOOPBACK_DASHBOARD}
+        scheduler_defaults = {
+            "host": "127.0.0.1" if _is_loopback(hosts[0]) else hosts[0],
+            "port": 0,
+            "dashboard_address": LOOPBACK_DASHBOARD,
+        }
         worker_defaults: dict[str, Any] = {"nthreads": 1, "dashboard_address": LOOPBACK_DASHBOARD}
         if all(_is_loopback(h) for h in hosts):
             worker_defaults["host"] = "127.0.0.1"
@@ -73,8 +88,11 @@ class SshBackend(Backend):
             worker_options["preload"] = preload if CLIENT_FILE_PRELOAD in preload else [*preload, CLIENT_FILE_PRELOAD]
         tls = {}
         if self.uses_tls(spec):
-            tls["tls_directory"] = (str(context.certificates.directory) if context.certificates is not None
-                                    else "<a private temporary folder, made per run>")
+            tls["tls_directory"] = (
+                str(context.certificates.directory)
+                if context.certificates is not None
+                else "<a private temporary folder, made per run>"
+            )
         return {
             **options,
             **tls,

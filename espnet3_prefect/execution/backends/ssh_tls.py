@@ -52,11 +52,12 @@ class _Uploads:
         certs = self.certs
         contents = {CERT_NAME: certs.cert_file.read_text(), KEY_NAME: certs.key_file.read_text()}
         async with asyncssh.connect(self.address, **self.connect_options) as conn:
-            made = await conn.run("umask 077 && mktemp -d \"${TMPDIR:-/tmp}/e3p-tls.XXXXXXXX\"", check=True)
+            made = await conn.run('umask 077 && mktemp -d "${TMPDIR:-/tmp}/e3p-tls.XXXXXXXX"', check=True)
             self.remote_dir = str(made.stdout).strip()
             for name, text in contents.items():
-                await conn.run(f"umask 077 && cat > {shlex.quote(self.remote_dir + '/' + name)}", input=text,
-                               check=True)
+                await conn.run(
+                    f"umask 077 && cat > {shlex.quote(self.remote_dir + '/' + name)}", input=text, check=True
+                )
         self.kwargs["security"] = certs.role_options(self.role, self.remote_dir)
         self.kwargs["protocol"] = "tls"
 
@@ -85,9 +86,16 @@ class TlsSshWorker(_Uploads, _SshWorker):
     role = "worker"
 
 
-def ssh_cluster(hosts: list[str], connect_options: dict | None = None, worker_options: dict | None = None,
-                scheduler_options: dict | None = None, worker_class: str = "distributed.Nanny",
-                remote_python: str | list[str] | None = None, tls_directory: str | None = None, **kwargs: Any):
+def ssh_cluster(
+    hosts: list[str],
+    connect_options: dict | None = None,
+    worker_options: dict | None = None,
+    scheduler_options: dict | None = None,
+    worker_class: str = "distributed.Nanny",
+    remote_python: str | list[str] | None = None,
+    tls_directory: str | None = None,
+    **kwargs: Any,
+):
     """``distributed.SSHCluster``'s arguments plus ``tls_directory`` (this run's
     :class:`~espnet3_prefect.execution.backends.tls.RunCertificates` folder on this machine): the scheduler on
     ``hosts[0]``, one worker (process group) per other entry, all over TLS with those files."""
@@ -95,18 +103,33 @@ def ssh_cluster(hosts: list[str], connect_options: dict | None = None, worker_op
     from distributed.deploy.spec import SpecCluster
 
     if not tls_directory:
-        return SSHCluster(hosts, connect_options=connect_options or {}, worker_options=worker_options or {},
-                          scheduler_options=scheduler_options or {}, worker_class=worker_class,
-                          remote_python=remote_python, **kwargs)
+        return SSHCluster(
+            hosts,
+            connect_options=connect_options or {},
+            worker_options=worker_options or {},
+            scheduler_options=scheduler_options or {},
+            worker_class=worker_class,
+            remote_python=remote_python,
+            **kwargs,
+        )
     pythons = remote_python if isinstance(remote_python, list) else [remote_python] * len(hosts)
 
     def common(i: int) -> dict:
-        return {"address": hosts[i], "connect_options": connect_options or {}, "remote_python": pythons[i],
-                "tls_directory": tls_directory}
+        return {
+            "address": hosts[i],
+            "connect_options": connect_options or {},
+            "remote_python": pythons[i],
+            "tls_directory": tls_directory,
+        }
 
     scheduler = {"cls": TlsSshScheduler, "options": {**common(0), "kwargs": dict(scheduler_options or {})}}
-    workers = {i - 1: {"cls": TlsSshWorker, "options": {**common(i), "kwargs": dict(worker_options or {}),
-                                                         "worker_class": worker_class}}
-               for i in range(1, len(hosts))}
-    return SpecCluster(workers, scheduler, name="SSHCluster", security=RunCertificates(tls_directory).security(),
-                       **kwargs)
+    workers = {
+        i - 1: {
+            "cls": TlsSshWorker,
+            "options": {**common(i), "kwargs": dict(worker_options or {}), "worker_class": worker_class},
+        }
+        for i in range(1, len(hosts))
+    }
+    return SpecCluster(
+        workers, scheduler, name="SSHCluster", security=RunCertificates(tls_directory).security(), **kwargs
+    )

@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from espnet3_prefect.errors import ConfigError
 from espnet3_prefect._internal.util import private_folder, write_private
+from espnet3_prefect.errors import ConfigError
 
 CERT_NAME = "cert.pem"
 KEY_NAME = "key.pem"
@@ -51,8 +51,10 @@ def tls_enabled(backend, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"parallel.tls: must be true or false, got {value!r}")
     if value and not backend.tls_supported:
-        raise ConfigError(f"parallel.tls: not available for env {backend.name!r} (its scheduler and workers "
-                          f"are set up by {backend.cluster_class}); remove the key or set it to false")
+        raise ConfigError(
+            f"parallel.tls: not available for env {backend.name!r} (its scheduler and workers "
+            f"are set up by {backend.cluster_class}); remove the key or set it to false"
+        )
     return value
 
 
@@ -61,21 +63,30 @@ def check_tls_options(options: dict, tls: bool) -> None:
     under ``scheduler_options``/``worker_options``); ``shared_temp_directory`` (where the batch
     schedulers' certificate folder goes) needs TLS. Each conflict is one line naming the key."""
     if "shared_temp_directory" in options and not tls:
-        raise ConfigError("parallel.options.shared_temp_directory: only holds the TLS certificates, and parallel.tls "
-                          "is false; remove it")
-    places = [("", options)] + [(f"{key}.", options[key]) for key in ("scheduler_options", "worker_options")
-                                if isinstance(options.get(key), dict)]
+        raise ConfigError(
+            "parallel.options.shared_temp_directory: only holds the TLS certificates, and parallel.tls "
+            "is false; remove it"
+        )
+    places = [("", options)] + [
+        (f"{key}.", options[key])
+        for key in ("scheduler_options", "worker_options")
+        if isinstance(options.get(key), dict)
+    ]
     for prefix, mapping in places:
         if "security" in mapping:
-            raise ConfigError(f"parallel.options.{prefix}security: set by espnet3-prefect; use parallel.tls "
-                              f"(true: per-run certificates, false: plain tcp)")
+            raise ConfigError(
+                f"parallel.options.{prefix}security: set by espnet3-prefect; use parallel.tls "
+                f"(true: per-run certificates, false: plain tcp)"
+            )
         protocol = mapping.get("protocol")
         if protocol is None:
             continue
         is_tls = str(protocol).rstrip(":/") == "tls"
         if tls and not is_tls:
-            raise ConfigError(f"parallel.options.{prefix}protocol: {protocol!r} conflicts with parallel.tls: true "
-                              f"(set parallel.tls: false to use another protocol)")
+            raise ConfigError(
+                f"parallel.options.{prefix}protocol: {protocol!r} conflicts with parallel.tls: true "
+                f"(set parallel.tls: false to use another protocol)"
+            )
         if is_tls and not tls:
             raise ConfigError(f"parallel.options.{prefix}protocol: 'tls' needs parallel.tls: true")
 
@@ -103,16 +114,16 @@ class RunCertificates:
         return {"cert": str(self.cert_file), "key": str(self.key_file)}
 
     @classmethod
-    def in_folder(cls, parent: str | os.PathLike, job_name: str) -> "RunCertificates":
+    def in_folder(cls, parent: str | os.PathLike, job_name: str) -> RunCertificates:
         """The folder ``<parent>/tls-<job name>`` (not created)."""
         return cls(Path(parent) / f"{DIR_PREFIX}{job_name}")
 
     @classmethod
-    def temporary(cls, job_name: str) -> "RunCertificates":
+    def temporary(cls, job_name: str) -> RunCertificates:
         """A fresh private folder under the system's temporary folder, certificates created."""
         return cls(tempfile.mkdtemp(prefix=f"e3p-{DIR_PREFIX}{job_name}-")).create()
 
-    def create(self) -> "RunCertificates":
+    def create(self) -> RunCertificates:
         """Generate a certificate and key and write them (0600) to the folder (0700, made here; a
         folder left by an earlier attempt of the same run is replaced)."""
         cert_pem, key_pem = generate_pem()
@@ -135,8 +146,12 @@ class RunCertificates:
         """``Security`` keyword arguments for one role, as plain data (for a spec on a command line),
         with the files in ``directory`` (a remote copy) instead of this folder."""
         folder = directory or str(self.directory)
-        return {"tls_ca_file": f"{folder}/{CERT_NAME}", f"tls_{role}_cert": f"{folder}/{CERT_NAME}",
-                f"tls_{role}_key": f"{folder}/{KEY_NAME}", "require_encryption": True}
+        return {
+            "tls_ca_file": f"{folder}/{CERT_NAME}",
+            f"tls_{role}_cert": f"{folder}/{CERT_NAME}",
+            f"tls_{role}_key": f"{folder}/{KEY_NAME}",
+            "require_encryption": True,
+        }
 
     def __repr__(self) -> str:
         return f"RunCertificates({str(self.directory)!r})"
@@ -149,6 +164,8 @@ def generate_pem() -> tuple[str, str]:
     try:
         made = Security.temporary()
     except ImportError:
-        raise ConfigError("parallel.tls: generating certificates needs the package 'cryptography' "
-                          "(pip install cryptography), or set parallel.tls: false") from None
+        raise ConfigError(
+            "parallel.tls: generating certificates needs the package 'cryptography' "
+            "(pip install cryptography), or set parallel.tls: false"
+        ) from None
     return made.tls_scheduler_cert, made.tls_scheduler_key

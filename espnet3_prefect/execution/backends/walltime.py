@@ -48,7 +48,9 @@ class WalltimeFormat:
             else:
                 layout = self.layouts[len(fields) - 2] if len(fields) <= 3 else None
         if layout is None or not all(f.isdigit() for f in fields):
-            raise option_error("walltime", f"cannot read {value!r} as a walltime for env {env!r} (expected {self.shown})")
+            raise option_error(
+                "walltime", f"cannot read {value!r} as a walltime for env {env!r} (expected {self.shown})"
+            )
         total = days * 86400 + sum(int(f) * _SCALE[u] for f, u in zip(fields, layout.split(":")))
         if total <= 0:
             raise option_error("walltime", f"must be longer than zero, got {value!r}")
@@ -86,6 +88,8 @@ def worker_lifetime(walltime_s: int, margin_s: float | None = None) -> Lifetime:
     stagger = int(min(300, walltime_s / 20))
     lifetime = walltime_s - margin - stagger
     if lifetime - stagger < 10:
-        raise ConfigError(f"parallel.lifetime_margin_s: {margin_s} s leaves workers no lifetime within a walltime of "
-                          f"{walltime_s} s (needs margin + 2 x {stagger} s stagger + 10 s)")
+        raise ConfigError(
+            f"parallel.lifetime_margin_s: {margin_s} s leaves workers no lifetime within a walltime of "
+            f"{walltime_s} s (needs margin + 2 x {stagger} s stagger + 10 s)"
+        )
     return Lifetime(seconds=lifetime, stagger_s=stagger, margin_s=margin)

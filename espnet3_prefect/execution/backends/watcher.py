@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from espnet3_prefect._internal.proc import CommandError
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
-from espnet3_prefect.execution.backends.jobs import describe_job_logs, job_log_files, tag_of, tail
 from espnet3_prefect.execution.backends.jobqueue import submission_error_text
+from espnet3_prefect.execution.backends.jobs import describe_job_logs, job_log_files, tag_of, tail
 
 FIRST_POLL_S = 2.0
 MAX_POLL_S = 60.0
@@ -56,9 +56,20 @@ class JobWatcher(threading.Thread):
     once the run cannot get a worker; :attr:`error` then says why.
     """
 
-    def __init__(self, backend, job_name: str, log_dir: Path, cluster, logger, expected_jobs: int,
-                 abort: Callable[[], None], poll_s: float = FIRST_POLL_S, max_poll_s: float = MAX_POLL_S,
-                 start_warn_s: float | None = None, submit_errors: list | None = None):
+    def __init__(
+        self,
+        backend,
+        job_name: str,
+        log_dir: Path,
+        cluster,
+        logger,
+        expected_jobs: int,
+        abort: Callable[[], None],
+        poll_s: float = FIRST_POLL_S,
+        max_poll_s: float = MAX_POLL_S,
+        start_warn_s: float | None = None,
+        submit_errors: list | None = None,
+    ):
         super().__init__(name=f"e3p-job-watcher-{job_name}", daemon=True)
         self.env, self.queue = backend.name, backend.queue
         self.job_name, self.log_dir, self.cluster = job_name, Path(log_dir), cluster
@@ -127,15 +138,17 @@ class JobWatcher(threading.Thread):
         if self.first_worker_s is None and connected:
             self.first_worker_s = time.time() - self.started
             self.logger.info("first worker connected %.1f s after the cluster started", self.first_worker_s)
-        failed = self.submit_errors[self._reported_submit_errors:]
+        failed = self.submit_errors[self._reported_submit_errors :]
         self._reported_submit_errors += len(failed)
         for text in dict.fromkeys(submission_error_text(exc) for exc in failed):  # each message once per poll
             if text not in self._said:
                 self._said.add(text)
                 self.logger.warning("the %s scheduler rejected a worker job: %s", self.env, text)
         if failed and self.first_worker_s is None and not submitted:
-            self.error = Espnet3PrefectError(f"parallel.env {self.env!r}: the scheduler rejected the worker jobs: "
-                                             f"{submission_error_text(failed[0])[:1500]}")
+            self.error = Espnet3PrefectError(
+                f"parallel.env {self.env!r}: the scheduler rejected the worker jobs: "
+                f"{submission_error_text(failed[0])[:1500]}"
+            )
             self.logger.error("%s", self.error)
             self.abort()
             return True
@@ -149,33 +162,51 @@ class JobWatcher(threading.Thread):
                 self._report_ended(job_id)
             if self.first_worker_s is None and len(self.ended) >= self.expected_jobs:
                 self._fail()
-        view = (frozenset(submitted), connected, len(self.submit_errors),
-                frozenset((i, j.state) for i, j in listed.items()), len(self.ended))
+        view = (
+            frozenset(submitted),
+            connected,
+            len(self.submit_errors),
+            frozenset((i, j.state) for i, j in listed.items()),
+            len(self.ended),
+        )
         changed, self._last_view = view != self._last_view, view
         return changed
 
     def _report_ended(self, job_id: str) -> None:
         files = job_log_files(self.log_dir, job_id, self.job_name, self.started)
         if any(RETIRED_MARK in tail(path, lines=10_000, max_chars=10**6) for path in files):
-            self.logger.info("worker job %s (%s) retired before its walltime; a new job replaces it", job_id, self.job_name)
+            self.logger.info(
+                "worker job %s (%s) retired before its walltime; a new job replaces it", job_id, self.job_name
+            )
         else:
-            self.logger.warning("worker job %s (%s) left the queue while the flow was running:\n%s",
-                                job_id, self.job_name, describe_job_logs(self.log_dir, job_id, self.job_name, self.started))
+            self.logger.warning(
+                "worker job %s (%s) left the queue while the flow was running:\n%s",
+                job_id,
+                self.job_name,
+                describe_job_logs(self.log_dir, job_id, self.job_name, self.started),
+            )
 
     def _warn_no_worker(self) -> None:
         states = []
         if self.queue is not None and self.queue.available():
-            states = [f"{j.job_id} {j.state}{f' ({j.reason})' if j.reason and j.reason != 'None' else ''}"
-                      for j in self.queue.run_jobs(self.tag)]
-        self.logger.warning("no Dask worker connected %.0f s after submitting the jobs named %s; "
-                            "queue: %s; job logs in %s", time.time() - self.started, self.job_name,
-                            ", ".join(states) or "none of our jobs listed", self.log_dir)
+            states = [
+                f"{j.job_id} {j.state}{f' ({j.reason})' if j.reason and j.reason != 'None' else ''}"
+                for j in self.queue.run_jobs(self.tag)
+            ]
+        self.logger.warning(
+            "no Dask worker connected %.0f s after submitting the jobs named %s; queue: %s; job logs in %s",
+            time.time() - self.started,
+            self.job_name,
+            ", ".join(states) or "none of our jobs listed",
+            self.log_dir,
+        )
 
     def _fail(self) -> None:
         first = self.ended[0]
         logs = describe_job_logs(self.log_dir, first, self.job_name, self.started)
         self.error = Espnet3PrefectError(
             f"every worker job ({', '.join(self.ended)}) ended before a Dask worker connected; "
-            f"log of job {first}: {one_line(logs)[-1500:]}")
+            f"log of job {first}: {one_line(logs)[-1500:]}"
+        )
         self.logger.error("%s", self.error)
         self.abort()

@@ -8,8 +8,9 @@ recipes bring this one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dtmf_demo.dtmf import read_corpus, read_wav
 
@@ -45,8 +46,11 @@ class ParityDataset:
 def build_test_set(entry: Mapping[str, Any]) -> ParityDataset:
     source = entry.get("source", "dtmf")
     if source == "fsdd":
-        return ParityDataset(fsdd_entries(entry["root"], int(entry.get("limit", 13)),
-                                          int(entry.get("stride", 47)), int(entry.get("offset", 0))))
+        return ParityDataset(
+            fsdd_entries(
+                entry["root"], int(entry.get("limit", 13)), int(entry.get("stride", 47)), int(entry.get("offset", 0))
+            )
+        )
     if source == "dtmf":
         entries = read_corpus(Path(entry["root"]))[: int(entry.get("limit", 13))]
         return ParityDataset(entries)
@@ -57,7 +61,6 @@ class Organizer:
     """``test``: ``[{name, source: fsdd|dtmf, root, limit}]``. ``recipe_dir`` and ``preprocessor``
     are accepted (and unused) because the TEMPLATE config passes them to its organizer."""
 
-    def __init__(self, test: Sequence[Mapping[str, Any]] = (), recipe_dir: str | None = None,
-                 preprocessor: Any = None):
+    def __init__(self, test: Sequence[Mapping[str, Any]] = (), recipe_dir: str | None = None, preprocessor: Any = None):
         self.recipe_dir = recipe_dir
         self.test = {entry["name"]: build_test_set(entry) for entry in test}

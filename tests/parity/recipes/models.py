@@ -45,8 +45,7 @@ class DigitNet:
         single_thread()
         generator = torch.Generator().manual_seed(int(seed))
         self.n_fft = int(n_fft)
-        self.weight = torch.randn(self.n_fft // 2 + 1, len(DIGIT_WORDS), generator=generator,
-                                  dtype=torch.float64)
+        self.weight = torch.randn(self.n_fft // 2 + 1, len(DIGIT_WORDS), generator=generator, dtype=torch.float64)
         self.window = torch.hann_window(self.n_fft, dtype=torch.float64)
         self.device = device
         self.offset = 0  # custom_provider's build_model shifts the predicted digit
@@ -56,8 +55,7 @@ class DigitNet:
         wave = torch.from_numpy(as_array(speech).astype(np.float64))
         if wave.shape[0] < self.n_fft:
             wave = torch.nn.functional.pad(wave, (0, self.n_fft - wave.shape[0]))
-        spec = torch.stft(wave, n_fft=self.n_fft, hop_length=self.n_fft // 2, window=self.window,
-                          return_complex=True)
+        spec = torch.stft(wave, n_fft=self.n_fft, hop_length=self.n_fft // 2, window=self.window, return_complex=True)
         return spec.abs().pow(2).clamp_min(1e-10).log().T
 
     def scores(self, speech: Any) -> torch.Tensor:
@@ -65,8 +63,7 @@ class DigitNet:
 
     def nbest(self, speech: Any, n: int = 2) -> list[tuple[str, float]]:
         top = torch.topk(self.scores(speech), n)
-        return [(DIGIT_WORDS[(int(i) + self.offset) % 10], round(float(s), 3))
-                for s, i in zip(top.values, top.indices)]
+        return [(DIGIT_WORDS[(int(i) + self.offset) % 10], round(float(s), 3)) for s, i in zip(top.values, top.indices)]
 
     def word(self, speech: Any) -> str:
         return self.nbest(speech, 1)[0][0]
@@ -76,5 +73,5 @@ class DigitNet:
             return [self.word(s) for s in speech]
         return self.word(speech)
 
-    def eval(self) -> "DigitNet":
+    def eval(self) -> DigitNet:
         return self

@@ -148,10 +148,7 @@ class DTMFDecoder(torch.nn.Module):
         ['909']
         """
         if wave.dim() != 2 or lengths.shape != (wave.shape[0],):
-            raise ValueError(
-                f"expected wave [B, T] and lengths [B], got {tuple(wave.shape)}, "
-                f"{tuple(lengths.shape)}"
-            )
+            raise ValueError(f"expected wave [B, T] and lengths [B], got {tuple(wave.shape)}, {tuple(lengths.shape)}")
         labels = self.frame_labels(wave, lengths).cpu().tolist()
         return ["".join(KEYS[k] for k in collapse(row, min_run=self.min_run)) for row in labels]
 

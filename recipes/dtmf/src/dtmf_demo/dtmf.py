@@ -42,7 +42,11 @@ DTMF_FREQS_HZ: dict[str, tuple[float, float]] = {
 # Synthesis
 # --------------------------------------------------------------------------
 def _tone(
-    key: str, n: int, amplitude: float, sample_rate_hz: int, rng: np.random.Generator,
+    key: str,
+    n: int,
+    amplitude: float,
+    sample_rate_hz: int,
+    rng: np.random.Generator,
     high_gain: float = 1.0,
 ) -> np.ndarray:
     """Return ``n`` samples of the dual tone for ``key`` with random phases."""
@@ -88,10 +92,10 @@ def heard(digits: str, impairment: str | None = None) -> str:
         return digits
     at = _impaired_index(digits, impairment)
     if impairment in ("weak_high", "merged"):
-        return digits[:at] + digits[at + 1:]
+        return digits[:at] + digits[at + 1 :]
     if impairment == "crosstalk":
-        return digits[:at] + _neighbour_row_key(digits[at]) + digits[at + 1:]
-    return digits[: at + 1] + _stray_key(digits, at) + digits[at + 1:]
+        return digits[:at] + _neighbour_row_key(digits[at]) + digits[at + 1 :]
+    return digits[: at + 1] + _stray_key(digits, at) + digits[at + 1 :]
 
 
 def _impaired_index(digits: str, impairment: str) -> int:
@@ -214,9 +218,7 @@ def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
     except (wave.Error, EOFError) as exc:
         raise ValueError(f"{path}: not a readable PCM WAV file ({exc})") from exc
     if channels != 1 or width != 2:
-        raise ValueError(
-            f"{path}: expected 16-bit mono PCM, got {8 * width}-bit with {channels} channel(s)"
-        )
+        raise ValueError(f"{path}: expected 16-bit mono PCM, got {8 * width}-bit with {channels} channel(s)")
     return np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0, rate
 
 
@@ -262,10 +264,11 @@ def make_corpus(
             impairment = IMPAIRMENTS[(i // impair_every) % len(IMPAIRMENTS)]
             if impairment == "merged":
                 at = len(digits) // 2
-                digits = digits[:at] + digits[at - 1] + digits[at + 1:]
+                digits = digits[:at] + digits[at - 1] + digits[at + 1 :]
             impaired_lines.append(f"{utt_id} {impairment} {heard(digits, impairment)}\n")
-        audio = synthesize(digits, sample_rate_hz=sample_rate_hz, noise_db=noise_db, seed=utt_seed,
-                           impairment=impairment)
+        audio = synthesize(
+            digits, sample_rate_hz=sample_rate_hz, noise_db=noise_db, seed=utt_seed, impairment=impairment
+        )
         rel = f"wav/{utt_id}.wav"
         write_wav(out_dir / rel, audio, sample_rate_hz)
         scp_lines.append(f"{utt_id} {rel}\n")

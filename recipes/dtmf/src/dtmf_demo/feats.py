@@ -29,17 +29,18 @@ import io
 import json
 import os
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from dtmf_demo.dtmf import read_corpus, read_wav
 from espnet3_prefect._internal.atomic import atomic_open, atomic_write_text
-from espnet3_prefect.pipeline.merge import concat_files
 from espnet3_prefect.espnet3.provider import EnvironmentProvider
 from espnet3_prefect.espnet3.runner import BaseRunner
-from dtmf_demo.dtmf import read_corpus, read_wav
+from espnet3_prefect.pipeline.merge import concat_files
 
 LOG_FLOOR = 1e-10
 
@@ -49,26 +50,41 @@ class LogMel:
     triangles -> ``log(max(energy, 1e-10))``. Deterministic: computed with one intra-op thread, one
     utterance at a time, so a feature never depends on the batch, the shard or the worker it ran on."""
 
-    def __init__(self, sample_rate_hz: int = 8000, n_fft: int = 256, win_length: int = 200,
-                 hop_length: int = 80, n_mels: int = 23, fmin_hz: float = 20.0, fmax_hz: float | None = None):
+    def __init__(
+        self,
+        sample_rate_hz: int = 8000,
+        n_fft: int = 256,
+        win_length: int = 200,
+        hop_length: int = 80,
+        n_mels: int = 23,
+        fmin_hz: float = 20.0,
+        fmax_hz: float | None = None,
+    ):
         if not 0 < win_length <= n_fft:
             raise ValueError(f"features: need 0 < win_length <= n_fft, got {win_length}, {n_fft}")
-        self.sample_rate_hz, self.n_fft, self.win_length, self.hop_length = sample_rate_hz, n_fft, win_length, hop_length
+        self.sample_rate_hz, self.n_fft, self.win_length, self.hop_length = (
+            sample_rate_hz,
+            n_fft,
+            win_length,
+            hop_length,
+        )
         self.n_mels = n_mels
         window = torch.hann_window(win_length, periodic=True, dtype=torch.float64)
         left = (n_fft - win_length) // 2
         self.window = torch.nn.functional.pad(window, (left, n_fft - win_length - left)).float()
-        self.mel = torch.from_numpy(mel_matrix(sample_rate_hz, n_fft, n_mels, fmin_hz,
-                                               fmax_hz or sample_rate_hz / 2)).float()  # [n_mels, n_fft//2+1]
+        self.mel = torch.from_numpy(
+            mel_matrix(sample_rate_hz, n_fft, n_mels, fmin_hz, fmax_hz or sample_rate_hz / 2)
+        ).float()  # [n_mels, n_fft//2+1]
 
     def __call__(self, wave: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))
         if x.shape[0] < self.n_fft:
             x = torch.nn.functional.pad(x, (0, self.n_fft - x.shape[0]))
         with _one_thread(), torch.no_grad():
-            spec = torch.stft(x, self.n_fft, hop_length=self.hop_length, window=self.window, center=False,
-                              return_complex=True)  # [freqs, frames]
-            power = spec.real ** 2 + spec.imag ** 2
+            spec = torch.stft(
+                x, self.n_fft, hop_length=self.hop_length, window=self.window, center=False, return_complex=True
+            )  # [freqs, frames]
+            power = spec.real**2 + spec.imag**2
             feats = torch.log(torch.clamp(self.mel @ power, min=LOG_FLOOR)).T.contiguous()
         return feats.numpy()
 
@@ -79,6 +95,7 @@ def mel_matrix(sample_rate_hz: int, n_fft: int, n_mels: int, fmin_hz: float, fma
     >>> m = mel_matrix(8000, 256, 23, 20.0, 4000.0); m.shape, bool((m >= 0).all())
     ((23, 129), True)
     """
+
     def to_mel(hz):
         return 2595.0 * np.log10(1.0 + np.asarray(hz, dtype=np.float64) / 700.0)
 
@@ -127,7 +144,10 @@ class FeatsProvider(EnvironmentProvider):
     """
 
     def build_env_local(self) -> dict[str, Any]:
-        return {"dataset": self.build_dataset(self.config), "extractor": LogMel(**dict(self.config.get("features") or {}))}
+        return {
+            "dataset": self.build_dataset(self.config),
+            "extractor": LogMel(**dict(self.config.get("features") or {})),
+        }
 
     @staticmethod
     def build_dataset(config: dict) -> DemoAudio:
@@ -149,8 +169,10 @@ class FeatsRunner(BaseRunner):
     @staticmethod
     def open_writers(shard_dir, **env):
         (Path(shard_dir) / "feats").mkdir(parents=True, exist_ok=True)
-        return {"scp": open(Path(shard_dir) / "feats.scp", "w", encoding="utf-8"),
-                "shape": open(Path(shard_dir) / "feats_shape", "w", encoding="utf-8")}
+        return {
+            "scp": open(Path(shard_dir) / "feats.scp", "w", encoding="utf-8"),
+            "shape": open(Path(shard_dir) / "feats_shape", "w", encoding="utf-8"),
+        }
 
     @staticmethod
     def write_record(writers, result, state, **env):
@@ -170,9 +192,11 @@ class FeatsRunner(BaseRunner):
         for writer in writers.values():
             writer.close()
         dims = extractor.n_mels if extractor is not None else 0
-        partial = {"count": state.get("count", 0),
-                   "sum": np.broadcast_to(state.get("sum", 0.0), (dims,)).tolist(),
-                   "sum_square": np.broadcast_to(state.get("sum_square", 0.0), (dims,)).tolist()}
+        partial = {
+            "count": state.get("count", 0),
+            "sum": np.broadcast_to(state.get("sum", 0.0), (dims,)).tolist(),
+            "sum_square": np.broadcast_to(state.get("sum_square", 0.0), (dims,)).tolist(),
+        }
         (Path(state["shard_dir"]) / "stats_partial.json").write_text(json.dumps(partial) + "\n", encoding="utf-8")
         return None
 
@@ -191,13 +215,23 @@ class FeatsRunner(BaseRunner):
         mean = total / max(count, 1)
         var = np.maximum(total_sq / max(count, 1) - mean * mean, 0.0)
         std = np.sqrt(var)
-        write_npz(out / "feats_stats.npz", {"count": np.array(count, dtype=np.int64), "sum": total,
-                                            "sum_square": total_sq})
-        atomic_write_text(out / "stats.json", json.dumps(
-            {"count": count, "mean": mean.tolist(), "var": var.tolist(), "std": std.tolist()}, indent=1) + "\n")
+        write_npz(
+            out / "feats_stats.npz", {"count": np.array(count, dtype=np.int64), "sum": total, "sum_square": total_sq}
+        )
+        atomic_write_text(
+            out / "stats.json",
+            json.dumps({"count": count, "mean": mean.tolist(), "var": var.tolist(), "std": std.tolist()}, indent=1)
+            + "\n",
+        )
         n_utts = sum(1 for d in shard_dirs for _ in open(Path(d) / "feats.scp", encoding="utf-8"))
-        return {"utterances": n_utts, "frames": count, "mean": mean, "std": std,
-                "feats_scp": str(out / "feats.scp"), "stats": str(out / "feats_stats.npz")}
+        return {
+            "utterances": n_utts,
+            "frames": count,
+            "mean": mean,
+            "std": std,
+            "feats_scp": str(out / "feats.scp"),
+            "stats": str(out / "feats_stats.npz"),
+        }
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
@@ -214,5 +248,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> Path:
 def mean_std_line(result: dict, dims: int = 3) -> str:
     """``mean[:3] = ... std[:3] = ...`` for the terminal."""
     fmt = ", ".join
-    return (f"mean[:{dims}] = [{fmt(f'{v:.4f}' for v in result['mean'][:dims])}]  "
-            f"std[:{dims}] = [{fmt(f'{v:.4f}' for v in result['std'][:dims])}]")
+    return (
+        f"mean[:{dims}] = [{fmt(f'{v:.4f}' for v in result['mean'][:dims])}]  "
+        f"std[:{dims}] = [{fmt(f'{v:.4f}' for v in result['std'][:dims])}]"
+    )

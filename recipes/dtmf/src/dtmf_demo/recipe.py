@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from dtmf_demo.decoder import DTMFDecoder, collate
 from dtmf_demo.dtmf import make_corpus, read_corpus, read_wav
@@ -118,7 +119,7 @@ class DTMFRecognizer:
         texts = self.decoder(waves.to(self.device), lengths.to(self.device))
         return texts if batch else texts[0]
 
-    def eval(self) -> "DTMFRecognizer":
+    def eval(self) -> DTMFRecognizer:
         self.decoder.eval()
         return self
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from omegaconf import OmegaConf
 
+from dtmf_demo.feats import FeatsProvider, FeatsRunner, mean_std_line
+from dtmf_demo.recipe import DTMFOrganizer
 from espnet3_prefect.config.load import load_config
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
 from espnet3_prefect.execution.process_parallel import set_parallel
-from dtmf_demo.feats import FeatsProvider, FeatsRunner, mean_std_line
-from dtmf_demo.recipe import DTMFOrganizer
 
 
 def build(cfg) -> tuple[FeatsRunner, int]:
@@ -31,8 +31,12 @@ def build(cfg) -> tuple[FeatsRunner, int]:
     data = OmegaConf.to_container(cfg.data, resolve=True)
     DTMFOrganizer.ensure_prepared(test=data)
     provider = FeatsProvider({"data": data, "features": OmegaConf.to_container(cfg.features, resolve=True)})
-    runner = FeatsRunner(provider, batch_size=cfg.get("batch_size"), output_dir=cfg.stats_dir,
-                         resume=bool(OmegaConf.select(cfg, "runner.resume", default=True)))
+    runner = FeatsRunner(
+        provider,
+        batch_size=cfg.get("batch_size"),
+        output_dir=cfg.stats_dir,
+        resume=bool(OmegaConf.select(cfg, "runner.resume", default=True)),
+    )
     return runner, len(FeatsProvider.build_dataset(provider.config))
 
 
@@ -48,15 +52,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
         runner, n_items = build(cfg)
         if cfg.get("parallel") is not None:
             set_parallel(cfg.parallel)
-        where = f"parallel env={cfg.parallel.env} n_workers={cfg.parallel.n_workers}" if cfg.get("parallel") else "in this process"
+        where = (
+            f"parallel env={cfg.parallel.env} n_workers={cfg.parallel.n_workers}"
+            if cfg.get("parallel")
+            else "in this process"
+        )
         started = time.perf_counter()
         result = runner(range(n_items))
         seconds = time.perf_counter() - started
     except Espnet3PrefectError as exc:
         print(f"error: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(f"{result['utterances']} utterances, {result['frames']} frames x {len(result['mean'])} log-mel dims "
-          f"in {seconds:.1f} s ({where})")
+    print(
+        f"{result['utterances']} utterances, {result['frames']} frames x {len(result['mean'])} log-mel dims "
+        f"in {seconds:.1f} s ({where})"
+    )
     print(mean_std_line(result))
     print(f"feats: {result['feats_scp']}\nstats: {result['stats']}")
     return result

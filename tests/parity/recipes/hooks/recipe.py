@@ -41,8 +41,11 @@ def record(hook: str, args: tuple = (), kwargs: dict | None = None, **extra: Any
     path = os.environ.get("E3P_HOOK_LOG")
     if not path:
         return
-    line = {"hook": hook, "args": [describe(a) for a in args],
-            "kwargs": {k: describe(v) for k, v in sorted((kwargs or {}).items())}}
+    line = {
+        "hook": hook,
+        "args": [describe(a) for a in args],
+        "kwargs": {k: describe(v) for k, v in sorted((kwargs or {}).items())},
+    }
     line.update({k: (v if isinstance(v, dict) else describe(v)) for k, v in extra.items()})
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(line, sort_keys=True) + "\n")
@@ -126,9 +129,17 @@ class RecordingRunner(InferenceRunner):
         provider = self.provider
         params = getattr(provider, "params", None) or {}
         config = getattr(provider, "config", None) or {}
-        attributes = {f"self.{name}": getattr(self, name, "<missing>") for name in
-                      ("batch_size", "output_dir", "shard_subdir", "resume", "idx_key", "hyp_key", "ref_key")}
-        record("merge", args, kwargs, **attributes, provider_class=type(provider).__name__,
-               provider_params={k: describe(v) for k, v in sorted(params.items())},
-               provider_params_in_config=sorted(k for k in params if k in config))
+        attributes = {
+            f"self.{name}": getattr(self, name, "<missing>")
+            for name in ("batch_size", "output_dir", "shard_subdir", "resume", "idx_key", "hyp_key", "ref_key")
+        }
+        record(
+            "merge",
+            args,
+            kwargs,
+            **attributes,
+            provider_class=type(provider).__name__,
+            provider_params={k: describe(v) for k, v in sorted(params.items())},
+            provider_params_in_config=sorted(k for k in params if k in config),
+        )
         return super().merge(*args, **kwargs)

@@ -25,8 +25,10 @@ class NBestDigitNet(DigitNet):
 class ASRStyleRunner(InferenceRunner):
     @staticmethod
     def prepare_model_inputs(inputs):
-        return {key: ([as_array(v) for v in value] if isinstance(value, list) else as_array(value))
-                for key, value in inputs.items()}
+        return {
+            key: ([as_array(v) for v in value] if isinstance(value, list) else as_array(value))
+            for key, value in inputs.items()
+        }
 
     @staticmethod
     def format_output(result, *, batched):

@@ -33,7 +33,7 @@ class MyTextRunner(BaseRunner):
 
     @staticmethod
     def write_record(writers, result, state, **env):
-        writers["text"].write(f'{result["utt_id"]} {result["text"]}\n')
+        writers["text"].write(f"{result['utt_id']} {result['text']}\n")
 
     @staticmethod
     def close_writers(writers, state, **env):
