@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--prepared-data", action="store_true", help="generate the demo audio before deploying")
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
-    from espnet3_prefect.server.embedded import free_port
+    from espnet3_prefect.server.process import free_port
 
     cli = [sys.executable, "-m", "espnet3_prefect.cli"]
     prefect = str(Path(sys.executable).with_name("prefect"))

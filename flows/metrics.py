@@ -18,7 +18,8 @@ from espnet3_prefect._internal.util import as_list, is_number
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
 from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
-from espnet3_prefect.metrics.prepare import MetricSpec, MetricsPlan, load_any, load_inference_config, prepare_metrics
+from espnet3_prefect.metrics.metric_plan import MetricSpec, MetricsPlan
+from espnet3_prefect.metrics.prepare import load_any, load_inference_config, prepare_metrics
 from espnet3_prefect.metrics.record import write_results
 from espnet3_prefect.pipeline.report import quiet_console
 from espnet3_prefect.tasks.score import dataset_column, score

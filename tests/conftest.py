@@ -28,7 +28,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A real Prefect API server for the session; its URL is exported to workers."""
-    from espnet3_prefect.server.embedded import _flush_prefect, start_server, stop_server
+    from espnet3_prefect.server.embedded import _flush_prefect
+    from espnet3_prefect.server.process import start_server, stop_server
 
     home = tmp_path_factory.mktemp("prefect-server")
     proc, url = start_server(home, ui=False)

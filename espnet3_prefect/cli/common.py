@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from espnet3_prefect.server.embedded import STATE_DIR_HELP
+from espnet3_prefect.server.state_home import STATE_DIR_HELP
 
 CONFIG_HELP = "config files merged left to right, then key=value overrides"
 

@@ -92,7 +92,7 @@ def _client_env(creds, home: Path, project: Path) -> dict:
 
 
 def _choose_port(port: int | None, host: str = "127.0.0.1") -> int:
-    from espnet3_prefect.server.embedded import free_port
+    from espnet3_prefect.server.process import free_port
 
     if port:
         return port
@@ -126,8 +126,10 @@ def deploy_local(args: argparse.Namespace) -> int:
     from espnet3_prefect._internal.atomic import atomic_write_text
     from espnet3_prefect._internal.proc import run_command
     from espnet3_prefect.server.auth import server_client
-    from espnet3_prefect.server.embedded import prefect_executable, running_server, start_recorded, state_dir
+    from espnet3_prefect.server.embedded import running_server, start_recorded
     from espnet3_prefect.server.host import auth_required, resolve_host, tls_required
+    from espnet3_prefect.server.process import prefect_executable
+    from espnet3_prefect.server.state_home import state_dir
 
     home = state_dir(args.state_dir)
     project = _project(args.project_dir)
@@ -229,7 +231,7 @@ def deploy_local(args: argparse.Namespace) -> int:
 
 
 def _print_ready(state: dict, headline: str) -> None:
-    from espnet3_prefect.server.embedded import state_dir
+    from espnet3_prefect.server.state_home import state_dir
 
     print(f"espnet3-prefect local deployments {headline}")
     print(f"  UI:      {state['ui_url']}")
@@ -253,7 +255,8 @@ def _print_ready(state: dict, headline: str) -> None:
 
 def stop_local(args: argparse.Namespace) -> int:
     """Stop the worker (and its flow runs) and the server recorded by ``deploy-local``."""
-    from espnet3_prefect.server.embedded import forget_server, state_dir
+    from espnet3_prefect.server.embedded import forget_server
+    from espnet3_prefect.server.state_home import state_dir
 
     home = state_dir(args.state_dir)
     state = read_json(home / STATE_FILE)

@@ -167,7 +167,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     m_configs, m_overrides = split_args(args.metrics_config)
 
     def validate():
-        from espnet3_prefect.flows.evaluate import plan_evaluation
+        from espnet3_prefect.metrics.evaluation import plan_evaluation
 
         plan_evaluation(i_configs, m_configs, i_overrides, m_overrides, args.checkpoint, args.checkpoint_key)
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from espnet3_prefect.server.embedded import STATE_DIR_HELP
+from espnet3_prefect.server.state_home import STATE_DIR_HELP
 
 
 def register(sub) -> None:
@@ -41,8 +41,8 @@ def register(sub) -> None:
 def choose_state_dir(target: str | None, state_dir: str | None) -> Path:
     """``--state-dir``; else ``target`` when it is a state dir; else ``$ESPNET3_PREFECT_HOME``; else the
     state dir of ``target``'s project (default: the current folder's), as the runs chose it."""
-    from espnet3_prefect.server.embedded import default_state_dir
-    from espnet3_prefect.server.embedded import state_dir as make_state_dir
+    from espnet3_prefect.server.state_home import default_state_dir
+    from espnet3_prefect.server.state_home import state_dir as make_state_dir
 
     if state_dir:
         return make_state_dir(state_dir)

@@ -23,71 +23,22 @@ omitted when it has ``ref_key``/``hyp_key`` attributes.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from espnet3_prefect.config.keys import METRICS_KEYS, check_top_level_keys
-from espnet3_prefect.config.load import fingerprint, load_config
+from espnet3_prefect.config.load import fingerprint, load_config_input
 from espnet3_prefect.config.targets import _espnet3_installed, instantiate, locate, resolve_target
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.metrics import class_path
 from espnet3_prefect.metrics.dataset_columns import _materializer, provider_class, source_path
 from espnet3_prefect.metrics.metric_contract import DATASET_PREFIX, check_metric_contract, check_metric_inputs
+from espnet3_prefect.metrics.metric_plan import MetricSpec, MetricsPlan
 
-METRICS_FILE = "metrics.json"
 ENTRY_KEYS = ("metric", "inputs")
 TER_TARGET = "espnet3.systems.esp2_asr.metrics.ter.TER"
-
-
-@dataclass
-class MetricSpec:
-    """One configured metric: its instance, metrics.json key, and bindings (input name -> source)."""
-
-    index: int
-    key: str
-    label: str
-    metric: Any
-    bindings: dict[str, str]
-    declared: bool  # ESPnet3's contract: Path inputs, outputs checked
-
-    def input_paths(self, inference_dir: Path, test_set: str) -> dict[str, Path]:
-        return {name: source_path(inference_dir, test_set, src) for name, src in self.bindings.items()}
-
-    def columns(self) -> list[str]:
-        return [s[len(DATASET_PREFIX) :] for s in self.bindings.values() if s.startswith(DATASET_PREFIX)]
-
-
-@dataclass
-class MetricsPlan:
-    inference_dir: Path
-    test_sets: list[str]
-    metrics: list[MetricSpec]
-    fingerprint: str
-    inference_config: DictConfig | None = None
-    dataset_artifacts: dict = field(default_factory=dict)
-
-    @property
-    def output(self) -> Path:
-        return self.inference_dir / METRICS_FILE
-
-    def dataset_columns(self) -> list[tuple[str, str]]:
-        """``(test_set, column)`` of every ``dataset:`` input, each once, in the order first used."""
-        seen: dict[tuple[str, str], None] = {}
-        for spec in self.metrics:
-            for test_set in self.test_sets:
-                for column in spec.columns():
-                    seen.setdefault((test_set, column), None)
-        return list(seen)
-
-
-def metrics_json(results: dict) -> str:
-    """metrics.json's text, byte for byte what ESPnet3's ``measure()`` writes (``json.dump(results, f,
-    indent=2, ensure_ascii=False)``: no final newline)."""
-    return json.dumps(results, indent=2, ensure_ascii=False)
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -96,16 +47,9 @@ def metrics_json(results: dict) -> str:
 def load_any(source: Any, overrides: Any = (), what: str = "config") -> DictConfig:
     """A config from file paths (merged left to right, then ``key=value`` overrides) or a mapping."""
     overrides = [overrides] if isinstance(overrides, str) else list(overrides or [])
-    if isinstance(source, (dict, DictConfig)):
-        if overrides:
-            raise ConfigError(
-                f"{what}: key=value overrides need config files, not a mapping; apply them to the mapping"
-            )
-        cfg = OmegaConf.create(OmegaConf.to_container(source) if isinstance(source, DictConfig) else source)
-        OmegaConf.resolve(cfg)
-        return cfg
-    paths = [source] if isinstance(source, (str, Path)) else list(source)
-    return load_config(paths, overrides)
+    if isinstance(source, (dict, DictConfig)) and overrides:
+        raise ConfigError(f"{what}: key=value overrides need config files, not a mapping; apply them to the mapping")
+    return load_config_input(source, overrides)
 
 
 def load_inference_config(source: Any, overrides: Any = ()) -> DictConfig | None:
@@ -316,12 +260,4 @@ def prepare_metrics(
     return MetricsPlan(inference_dir, test_sets, specs, fingerprint(data), inference_config, artifacts)
 
 
-__all__ = [
-    "METRICS_FILE",
-    "MetricSpec",
-    "MetricsPlan",
-    "load_any",
-    "load_inference_config",
-    "metrics_json",
-    "prepare_metrics",
-]
+__all__ = ["load_any", "load_inference_config", "prepare_metrics"]

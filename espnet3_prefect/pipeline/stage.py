@@ -33,13 +33,12 @@ from espnet3_prefect.config.runner_keys import (
     runner_folder_options,
 )
 from espnet3_prefect.config.targets import instantiate, load_callable, locate
-from espnet3_prefect.errors import ConfigError, one_line
-from espnet3_prefect.espnet3.contract import load_inference_contract
-from espnet3_prefect.espnet3.inference_runner import key_list
+from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.pipeline.env import EnvBuilder
 from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
+from espnet3_prefect.pipeline.provider_params import load_contract, stage_params
 from espnet3_prefect.pipeline.sizing import code_identity
 
 
@@ -168,7 +167,7 @@ def build_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
     for key in ("dataset", "model"):
         if OmegaConf.select(cfg, f"{key}._target_") is not None:
             locate(OmegaConf.select(cfg, f"{key}._target_"), f"{key}._target_")
-    contract = _contract(cfg)
+    contract = load_contract(cfg)
     control = _runner_control(runner_block)
     return spec, [_stage(cfg, name, Path(inference_dir), runner_cls, contract, control, spec) for name in names]
 
@@ -181,67 +180,6 @@ def _require_target(cfg: DictConfig, key: str) -> DictConfig:
         raise ConfigError(f"{key}._target_: missing; name the {key} class")
     locate(block._target_, f"{key}._target_")
     return block
-
-
-def _contract(cfg: DictConfig) -> Any:
-    """The ``contract:`` block, loaded now so a bad one fails before anything starts."""
-    raw = cfg.get("contract")
-    if raw is None:
-        return None
-    try:
-        contract = load_inference_contract(raw)
-    except ConfigError:
-        raise
-    except Exception as exc:  # upstream's loader raises TypeError/ValueError/ImportError
-        raise ConfigError(f"contract: {type(exc).__name__}: {one_line(exc)}") from None
-    if cfg.get("output_fn"):
-        raise ConfigError("output_fn: cannot be combined with contract: (drop one of them)")
-    contract.validate_input_keys(_input_key(cfg))
-    return contract
-
-
-def _input_key(cfg: DictConfig) -> Any:
-    input_key = cfg.get("input_key")
-    if input_key is None or input_key == "" or (not isinstance(input_key, str) and len(input_key) == 0):
-        raise ConfigError("input_key: missing or empty; name the dataset field(s) the model reads")
-    return input_key if isinstance(input_key, str) else list(input_key)
-
-
-def _output_keys(cfg: DictConfig) -> list[str] | None:
-    if cfg.get("output_keys") is None:
-        return None
-    keys = key_list(cfg.output_keys)
-    if not keys:
-        raise ConfigError("output_keys: empty list; omit it to write every output field")
-    return keys
-
-
-def stage_params(cfg: DictConfig, contract: Any = None) -> dict[str, Any]:
-    """Provider params exactly as ESPnet3 202611's ``infer()`` builds them."""
-    raw = OmegaConf.select(cfg, "provider.params")
-    params = OmegaConf.to_container(raw, resolve=True) if raw is not None else {}
-    if not isinstance(params, dict):
-        raise ConfigError("provider.params: must be a mapping")
-    added: dict[str, Any] = {
-        "input_key": _input_key(cfg),
-        "idx_key": cfg.get("idx_key", "utt_id"),
-        "output_keys": _output_keys(cfg),
-    }
-    if contract is not None:
-        added["inference_contract"] = OmegaConf.to_container(cfg.contract, resolve=True)
-        if getattr(contract, "imports", ()):
-            added["inference_contract_root"] = str(Path(cfg.get("recipe_dir") or ".").resolve())
-    if cfg.get("output_fn"):
-        load_callable(cfg.output_fn, "output_fn")  # fail now, not on a worker
-        added["output_fn_path"] = cfg.output_fn
-    artifacts = cfg.get("output_artifacts") or {}
-    added["output_artifacts"] = (
-        OmegaConf.to_container(artifacts, resolve=True) if OmegaConf.is_config(artifacts) else dict(artifacts)
-    )
-    clash = sorted(set(added) & set(params))
-    if clash:
-        raise ConfigError(f"provider.params.{clash[0]}: also set by the stage from the top-level config; keep one")
-    return {**params, **added}
 
 
 def _stage(

@@ -1,6 +1,6 @@
 """The Prefect servers espnet3-prefect started and left running (``--keep-server``, ``deploy-local``):
-read from the per-user registry :func:`espnet3_prefect.server.embedded.registry_dir` (where
-:func:`~espnet3_prefect.server.embedded.start_server` records each one), listed, found by pid, URL or state
+read from the per-user registry :func:`espnet3_prefect.server.state_home.registry_dir` (where
+:func:`~espnet3_prefect.server.process.start_server` records each one), listed, found by pid, URL or state
 dir, and stopped (``espnet3-prefect servers``). Moved out of ``server.py``.
 """
 
@@ -16,7 +16,9 @@ from typing import NamedTuple
 
 from espnet3_prefect._internal.proc import pid_alive, stop_tree
 from espnet3_prefect.errors import Espnet3PrefectError
-from espnet3_prefect.server.embedded import forget_server, healthy, registry_dir, stop_server
+from espnet3_prefect.server.embedded import forget_server
+from espnet3_prefect.server.process import healthy, stop_server
+from espnet3_prefect.server.state_home import registry_dir
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,8 @@ def find_api(state: str | None):
     ``$PREFECT_API_AUTH_STRING`` and ``$PREFECT_API_SSL_CERT_FILE``), else the server ``deploy-local``
     (or ``--keep-server``) left running (with its client file's credential and certificate when it has them)."""
     from espnet3_prefect.server.auth import ClientCredentials, server_client
-    from espnet3_prefect.server.embedded import running_server, state_dir
+    from espnet3_prefect.server.embedded import running_server
+    from espnet3_prefect.server.state_home import state_dir
 
     url = os.environ.get("PREFECT_API_URL")
     if url:

@@ -5,7 +5,7 @@ server (API, UI and its services) over HTTPS.
 final app with its background services) in uvicorn with the server certificate and key of
 :class:`~espnet3_prefect.server.https.ServerTLS`, given as paths. Settings come from the environment as for
 ``prefect server start`` (``PREFECT_SERVER_*``, the auth string included); started by
-:func:`espnet3_prefect.server.embedded.start_server`.
+:func:`espnet3_prefect.server.process.start_server`.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def deploy_local(base: Path, prepare=None):
     ``(proc, state, env)``: the finished command, its state record (None when it wrote none) and the
     environment it ran with (PREFECT_* removed). ``prepare(project, env)`` runs first. On exit:
     ``deploy-local --stop``, then its worker and server must be gone (by pid) and its state file too."""
-    from espnet3_prefect.server.embedded import free_port
+    from espnet3_prefect.server.process import free_port
 
     project = copy_project(base)
     home = base / "home"

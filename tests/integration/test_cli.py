@@ -57,7 +57,7 @@ def test_cli_embedded_server_runs_flow_records_workers_and_stops(tmp_path):
         )
         assert again.returncode == 1 and f"no running espnet3-prefect server matches {ui!r}" in again.stdout
     finally:
-        from espnet3_prefect.server.embedded import stop_server
+        from espnet3_prefect.server.process import stop_server
 
         stop_server(info["pid"])
     assert not pid_alive(info["pid"])

@@ -258,7 +258,7 @@ def test_cli_serves_beyond_loopback_over_https_with_auth(tmp_path):
         assert not tls["folder"].exists()  # nor the server's key
     finally:
         from espnet3_prefect._internal.util import read_json
-        from espnet3_prefect.server.embedded import stop_server
+        from espnet3_prefect.server.process import stop_server
 
         kept = read_json(home / "server.json")
         if kept:
@@ -293,7 +293,8 @@ def test_https_is_the_users_choice_plain_beyond_loopback_or_https_on_loopback(tm
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A server on this machine's non-loopback address with HTTPS and auth, as ``--server-host`` starts it."""
-    from espnet3_prefect.server.embedded import forget_server, start_recorded, stop_server
+    from espnet3_prefect.server.embedded import forget_server, start_recorded
+    from espnet3_prefect.server.process import stop_server
 
     address = non_loopback_address()
     home = tmp_path_factory.mktemp("authed-home")
@@ -558,7 +559,8 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
     from distributed import Client
 
     from espnet3_prefect._internal.proc import stop_group
-    from espnet3_prefect.server.embedded import forget_server, start_recorded, stop_server
+    from espnet3_prefect.server.embedded import forget_server, start_recorded
+    from espnet3_prefect.server.process import stop_server
 
     home = tmp_path / "home"
     home.mkdir()
@@ -686,7 +688,7 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
 
 
 def test_deploy_local_beyond_loopback_over_https_with_auth_and_a_detached_run(tmp_path):
-    from espnet3_prefect.server.embedded import free_port
+    from espnet3_prefect.server.process import free_port
 
     address = non_loopback_address()
     project = copy_project(tmp_path)

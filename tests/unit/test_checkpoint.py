@@ -165,8 +165,8 @@ def test_events_reach_a_server_that_asks_for_basic_auth_over_https(tmp_path):
 
     from espnet3_prefect.checkpoints.events import EVENT_NAME, EmittedState, prefect_settings
     from espnet3_prefect.server.auth import ClientCredentials
-    from espnet3_prefect.server.embedded import start_server, stop_server
     from espnet3_prefect.server.https import ServerTLS
+    from espnet3_prefect.server.process import start_server, stop_server
 
     auth = "e3p:" + uuid.uuid4().hex
     home = tmp_path / "home"

@@ -25,7 +25,8 @@ from espnet3_prefect.metrics import (
     check_metric_output,
 )
 from espnet3_prefect.metrics.dataset_columns import dataset_column_scp, source_path
-from espnet3_prefect.metrics.prepare import load_inference_config, metrics_json, prepare_metrics
+from espnet3_prefect.metrics.metric_plan import metrics_json
+from espnet3_prefect.metrics.prepare import load_inference_config, prepare_metrics
 from tests.helpers.metrics_recipes import ColumnOrganizer
 
 WER_T = "espnet3.systems.esp2_asr.metrics.wer.WER"

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect._internal.proc import descendants, stop_tree
-from espnet3_prefect.server import embedded as server
-from espnet3_prefect.server.embedded import pid_alive
+from espnet3_prefect._internal.proc import descendants, pid_alive, stop_tree
+from espnet3_prefect.server import process, state_home
 from espnet3_prefect.server.registry import (
     ServerRecord,
     find_servers,
@@ -58,7 +57,7 @@ def spawn():
 def fake_server(spawn, home: Path, port: int) -> subprocess.Popen:
     proc = spawn()
     home.mkdir(parents=True, exist_ok=True)
-    server._register(proc.pid, f"http://127.0.0.1:{port}/api", home, True)
+    process._register(proc.pid, f"http://127.0.0.1:{port}/api", home, True)
     (home / "server.json").write_text(json.dumps({"pid": proc.pid, "api_url": f"http://127.0.0.1:{port}/api"}))
     return proc
 
@@ -87,10 +86,10 @@ def test_default_state_dir_is_per_project_in_the_git_checkout(tmp_path, monkeypa
     (project_b / "recipes/x").mkdir(parents=True)
     (project_b / ".git").write_text("gitdir: /elsewhere/worktrees/b\n")  # a worktree: .git is a file
     monkeypatch.chdir(project_a)
-    assert server.default_state_dir() == project_a.resolve() / ".e3p/prefect" and not (project_a / ".e3p").exists()
-    assert server.state_dir() == project_a.resolve() / ".e3p/prefect"
+    assert state_home.default_state_dir() == project_a.resolve() / ".e3p/prefect" and not (project_a / ".e3p").exists()
+    assert state_home.state_dir() == project_a.resolve() / ".e3p/prefect"
     monkeypatch.chdir(project_b / "recipes/x")  # run from a recipe folder: still the checkout's
-    home_b = server.state_dir()
+    home_b = state_home.state_dir()
     assert home_b == project_b.resolve() / ".e3p/prefect" and home_b.is_dir()
     assert (project_b / ".e3p/.gitignore").read_text().splitlines()[-1] == "*"  # never untracked noise
 
@@ -98,12 +97,12 @@ def test_default_state_dir_is_per_project_in_the_git_checkout(tmp_path, monkeypa
 def test_default_state_dir_outside_git_is_the_current_folder_and_overrides_win(tmp_path, monkeypatch):
     monkeypatch.delenv("ESPNET3_PREFECT_HOME", raising=False)
     monkeypatch.chdir(tmp_path)
-    if server.project_folder() != tmp_path.resolve():
+    if state_home.project_folder() != tmp_path.resolve():
         pytest.skip("the temp folder is inside a git checkout here")
-    assert server.state_dir() == tmp_path.resolve() / ".e3p/prefect"
+    assert state_home.state_dir() == tmp_path.resolve() / ".e3p/prefect"
     monkeypatch.setenv("ESPNET3_PREFECT_HOME", str(tmp_path / "env-home"))
-    assert server.state_dir() == (tmp_path / "env-home").resolve()
-    assert server.state_dir(tmp_path / "arg") == (tmp_path / "arg").resolve()  # --state-dir beats the env
+    assert state_home.state_dir() == (tmp_path / "env-home").resolve()
+    assert state_home.state_dir(tmp_path / "arg") == (tmp_path / "arg").resolve()  # --state-dir beats the env
 
 
 def test_an_existing_gitignore_in_e3p_is_left_alone(tmp_path, monkeypatch):
@@ -112,7 +111,7 @@ def test_an_existing_gitignore_in_e3p_is_left_alone(tmp_path, monkeypatch):
     (tmp_path / ".e3p").mkdir()
     (tmp_path / ".e3p/.gitignore").write_text("prefect/\n")
     monkeypatch.chdir(tmp_path)
-    server.state_dir()
+    state_home.state_dir()
     assert (tmp_path / ".e3p/.gitignore").read_text() == "prefect/\n"
 
 
@@ -125,9 +124,9 @@ def test_list_servers_shows_running_ones_and_drops_records_of_dead_or_recycled_p
     dead = spawn()
     dead.kill()
     dead.wait()
-    server._register(dead.pid, "http://127.0.0.1:40003/api", tmp_path / "c", True)
+    process._register(dead.pid, "http://127.0.0.1:40003/api", tmp_path / "c", True)
     recycled = spawn(["sleep", "120"])  # alive, but not a prefect process: a pid reused
-    server._register(recycled.pid, "http://127.0.0.1:40004/api", tmp_path / "d", True)
+    process._register(recycled.pid, "http://127.0.0.1:40004/api", tmp_path / "d", True)
     (registry / "junk.json").write_text("{not json")
     found = list_servers()
     assert [s.pid for s in found] == sorted([a.pid, b.pid], key=lambda p: (found[0].started, p))
@@ -234,6 +233,6 @@ def test_messages_for_a_kept_server_and_the_listing(tmp_path, registry):
 def test_registry_default_follows_xdg_state_home(tmp_path, monkeypatch):
     monkeypatch.delenv("ESPNET3_PREFECT_REGISTRY", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    assert server.registry_dir() == tmp_path / "state/espnet3-prefect/servers"
+    assert state_home.registry_dir() == tmp_path / "state/espnet3-prefect/servers"
     monkeypatch.delenv("XDG_STATE_HOME")
-    assert server.registry_dir() == Path(os.path.expanduser("~/.local/state/espnet3-prefect/servers"))
+    assert state_home.registry_dir() == Path(os.path.expanduser("~/.local/state/espnet3-prefect/servers"))

@@ -42,12 +42,7 @@ DTMF_FREQS_HZ: dict[str, tuple[float, float]] = {
 # Synthesis
 # --------------------------------------------------------------------------
 def _tone(
-    key: str,
-    n: int,
-    amplitude: float,
-    sample_rate_hz: int,
-    rng: np.random.Generator,
-    high_gain: float = 1.0,
+    key: str, n: int, amplitude: float, sample_rate_hz: int, rng: np.random.Generator, high_gain: float = 1.0
 ) -> np.ndarray:
     """Return ``n`` samples of the dual tone for ``key`` with random phases."""
     t = np.arange(n, dtype=np.float64) / sample_rate_hz

@@ -1,0 +1,96 @@
+"""What ``evaluate`` runs, planned before anything runs: both configs loaded and validated, the
+metrics config filled from the inference one, the model's identity, a checkpoint filled into its
+config key, and the fingerprint a history line is compared by (:func:`plan_evaluation`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from espnet3_prefect._internal.util import as_list
+from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, resolve_key
+from espnet3_prefect.config.load import fingerprint, identity_config, load_config
+from espnet3_prefect.config.precheck import check_inputs_before_start
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.execution.spec import preflight
+from espnet3_prefect.metrics.history import model_identity
+from espnet3_prefect.metrics.prepare import prepare_metrics
+from espnet3_prefect.pipeline.stage import prepare_stages
+
+MODEL_ID_KEY = "evaluate_model_id"
+
+
+def plan_evaluation(
+    infer_config,
+    metrics_config,
+    infer_overrides=None,
+    metrics_overrides=None,
+    checkpoint: str | None = None,
+    checkpoint_key: str | None = None,
+) -> dict:
+    """Load and validate both configs (nothing runs); fill the metrics config from the inference one.
+
+    The metrics config may omit ``inference_dir`` and ``dataset.test``: they come from the
+    inference config. A different ``inference_dir`` is an error. With ``checkpoint``, its path
+    fills ``checkpoint_key`` of the inference config (:func:`~espnet3_prefect.checkpoints.checkpoint.resolve_key`)
+    and the config fingerprint is taken without it (the same config across checkpoints).
+    """
+    infer_overrides = list(as_list(infer_overrides))
+    ckpt = None
+    if checkpoint:
+        ckpt = checkpoint_info(checkpoint)
+        ckpt["key"] = resolve_key(load_config(as_list(infer_config), infer_overrides), checkpoint_key)
+        present = (
+            OmegaConf.select(load_config(as_list(infer_config), infer_overrides), ckpt["key"], default="__absent__")
+            != "__absent__"
+        )
+        # quoted: a path is a string whatever YAML would make of it (``1200``, ``a: b``)
+        infer_overrides.append(f"{'' if present else '+'}{ckpt['key']}={json.dumps(ckpt['path'])}")
+    icfg = load_config(as_list(infer_config), as_list(infer_overrides))
+    spec, stages = prepare_stages(icfg)
+    preflight(spec)
+    check_inputs_before_start(icfg, stages)  # the demo's data, then input_key: before a server starts
+    inference_dir = Path(str(icfg.inference_dir)).expanduser().resolve()
+    m_overrides = list(as_list(metrics_overrides))
+    probe = load_config(as_list(metrics_config), m_overrides)
+    if not probe.get("inference_dir"):
+        m_overrides.append(f"+inference_dir={inference_dir}")
+    elif Path(str(probe.inference_dir)).expanduser().resolve() != inference_dir:
+        raise ConfigError(
+            f"inference_dir: the metrics config reads {probe.inference_dir} but infer writes "
+            f"{icfg.inference_dir}; drop it from the metrics config or make them equal"
+        )
+    if probe.get("dataset") is None or probe.dataset.get("test") is None:
+        # ESPnet3's measure() without dataset.test scores inference_dir's folders sorted by name:
+        # the same order here, so metrics.json has upstream's bytes whichever stage writes it.
+        names = ", ".join(f"{{name: {name}}}" for name in sorted(s.test_set for s in stages))
+        m_overrides.append(f"+dataset.test=[{names}]")
+    mcfg = load_config(as_list(metrics_config), m_overrides)
+    mplan = prepare_metrics(mcfg, inference_config=icfg, check_inputs=False)  # dataset: inputs read icfg
+    identity = model_identity(icfg)
+    i_overrides = list(as_list(infer_overrides))
+    if identity["kind"] == "files":  # the checkpoint's content joins infer's fingerprint
+        i_overrides.append(f"+{MODEL_ID_KEY}={identity['id']}")
+    infer_identity = identity_config(icfg)
+    if ckpt is not None:
+        _drop(infer_identity, ckpt["key"])
+    return {
+        "inference_dir": inference_dir,
+        "infer_overrides": i_overrides,
+        "metrics_overrides": m_overrides,
+        "identity": identity,
+        "metrics_plan": mplan,
+        "checkpoint": ckpt,
+        "config_fingerprint": fingerprint({"infer": infer_identity, "metrics": mplan.fingerprint}),
+    }
+
+
+def _drop(data: dict, dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        data = data.get(key) if isinstance(data, dict) else None
+    if isinstance(data, dict):
+        data.pop(leaf, None)

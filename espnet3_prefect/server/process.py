@@ -1,0 +1,178 @@
+"""The Prefect server process: a free port, ``prefect server start`` (or the HTTPS launcher
+:mod:`espnet3_prefect.server.serve`) started and waited for until healthy, recorded in the per-user
+registry (:func:`~espnet3_prefect.server.state_home.registry_dir`, read by
+:mod:`espnet3_prefect.server.registry`), and stopped by its process group. Which server a run uses,
+and when it stops, is :mod:`espnet3_prefect.server.embedded`'s business.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from espnet3_prefect._internal.atomic import atomic_write_text
+from espnet3_prefect._internal.proc import stop_group
+from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.services import service_environ
+from espnet3_prefect.server.state_home import registry_dir
+
+if TYPE_CHECKING:
+    from espnet3_prefect.server.https import ServerTLS
+
+log = logging.getLogger("espnet3_prefect")
+STARTUP_TIMEOUT_S = 180
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` (an address) right now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def healthy(api_url: str, timeout_s: float = 2.0, cafile: str | None = None) -> bool:
+    """True when the Prefect API at ``api_url`` answers its health check (``https://``: verified with
+    ``cafile``, else the system's authorities)."""
+    from espnet3_prefect.server.https import client_context
+
+    context = client_context(cafile) if api_url.startswith("https://") else None
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s, context=context) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def prefect_executable() -> str:
+    """The ``prefect`` command installed next to this Python (else the one on PATH)."""
+    beside = Path(sys.executable).with_name("prefect")
+    found = str(beside) if beside.exists() else shutil.which("prefect")
+    if not found:
+        raise Espnet3PrefectError("the 'prefect' command is not installed next to this Python")
+    return found
+
+
+def start_server(
+    home: Path,
+    port: int | None = None,
+    ui: bool = True,
+    *,
+    host: str = "127.0.0.1",
+    auth_string: str | None = None,
+    tls: ServerTLS | None = None,
+    services: str = "all",
+) -> tuple[subprocess.Popen, str]:
+    """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
+    ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
+    ``tls`` (its files made) it serves HTTPS (:mod:`espnet3_prefect.server.serve`, the files by path).
+    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.server_services`)."""
+    from espnet3_prefect.server.host import url_host
+
+    port = port or free_port(host)
+    api_url = f"{'https' if tls else 'http'}://{url_host(host)}:{port}/api"
+    # The UI asks GET /ui-settings where its API is. Prefect answers PREFECT_UI_API_URL, whose default
+    # is built from PREFECT_SERVER_API_PORT (4200), not from --port: without this the UI of a server on
+    # any other port is blank, or shows the runs of whichever server holds 4200.
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home / "prefect_home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
+        "PREFECT_SERVER_UI_API_URL": api_url,
+        # what turns a checkpoint event into an evaluate run: kept on whatever the shell says
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "true",
+        "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "true",
+        "PREFECT_SERVER_SERVICES_ACTIONS_ENABLED": "true",
+        # `prefect deployment run --watch` shows a run's log lines (ours say why a run failed) only
+        # when the server streams them out (off by default)
+        "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+        "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
+    }
+    for inherited in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_SERVER_API_AUTH_STRING"):
+        env.pop(inherited, None)
+    if auth_string:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
+    env.update(service_environ(services, env))
+    cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
+    if tls is not None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "espnet3_prefect.server.serve",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--ssl-certfile",
+            str(tls.cert_file),
+            "--ssl-keyfile",
+            str(tls.key_file),
+        ]
+    log.info("starting Prefect server: %s", " ".join(cmd))
+    logfile = open(home / "server.log", "ab")
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    logfile.close()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (home / "server.log").read_text(errors="replace")[-1500:]
+            raise Espnet3PrefectError(
+                f"Prefect server exited with code {proc.returncode}; log {home / 'server.log'}: "
+                f"{' '.join(tail.split()[-60:])}"
+            )
+        if healthy(api_url, cafile=str(tls.ca_file) if tls else None):
+            _register(
+                proc.pid,
+                api_url,
+                home,
+                ui,
+                auth=bool(auth_string),
+                ca_file=str(tls.ca_file) if tls else None,
+                services=services,
+            )
+            return proc, api_url
+        time.sleep(0.5)
+    stop_server(proc.pid)
+    raise Espnet3PrefectError(
+        f"Prefect server did not become healthy in {STARTUP_TIMEOUT_S} s; see {home / 'server.log'}"
+    )
+
+
+def stop_server(pid: int, timeout_s: float = 20) -> None:
+    """Stop the server process group started by :func:`start_server` (TERM, then KILL)."""
+    try:
+        stop_group(pid, timeout_s)
+    finally:
+        (registry_dir() / f"{pid}.json").unlink(missing_ok=True)
+
+
+def _register(
+    pid: int, api_url: str, home: Path, ui: bool, auth: bool = False, ca_file: str | None = None, services: str = "all"
+) -> None:
+    record = {
+        "pid": pid,
+        "api_url": api_url,
+        "started": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "state_dir": str(home),
+        "ui": ui,
+        "auth": auth,
+        "ssl_cert_file": ca_file,
+        "services": services,
+    }
+    try:
+        registry_dir().mkdir(parents=True, exist_ok=True)
+        atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))
+    except OSError as exc:  # a run does not fail for it; only `servers` will not list this one
+        log.warning("could not record the Prefect server in %s: %s", registry_dir(), exc)
