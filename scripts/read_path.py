@@ -6,8 +6,9 @@ server) in this process with a profile hook on, and records every call of a func
 the workers run the tasks). Prints, for all those calls and for those that receive the config (an
 OmegaConf ``DictConfig`` argument):
 
-* calls, the distinct files, the file sequence with repeats collapsed (a file change is a step), and
-  how often a step goes back to a file already left;
+* for all calls, for calls of module-level functions (no methods, properties or dunders) and for
+  calls given the config: calls, the distinct files, the file sequence with repeats collapsed (a file
+  change is a step), and how often a step goes back to a file already left;
 * the file sequence itself (``--show``).
 
     .venv/bin/python scripts/read_path.py [--show]
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     show = "--show" in sys.argv
     from omegaconf import DictConfig
 
-    calls: list[tuple[str, str, bool]] = []
+    calls: list[tuple[str, str, bool, bool]] = []
     state = {"depth": 0}
 
     def profile(frame, event, arg):
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             return
         names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         has_cfg = any(isinstance(frame.f_locals.get(n), DictConfig) for n in names)
-        calls.append((os.path.relpath(code.co_filename, ROOT), code.co_name, has_cfg))
+        top = getattr(frame.f_globals.get(code.co_name), "__code__", None) is code  # a module-level function
+        calls.append((os.path.relpath(code.co_filename, ROOT), code.co_name, has_cfg, top))
 
     del args
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     if code:
         print(f"infer exited {code}", file=sys.stderr)
         return code
-    for label, picked in (("all calls", calls), ("calls given the config", [c for c in calls if c[2]])):
-        files = [f for f, _, _ in picked]
+    for label, picked in (
+        ("all calls", calls),
+        ("module-level functions", [c for c in calls if c[3]]),
+        ("calls given the config", [c for c in calls if c[2]]),
+    ):
+        files = [c[0] for c in picked]
         steps, seen, returns = [], set(), 0
         for f in files:
             if steps and steps[-1] == f:

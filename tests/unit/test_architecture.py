@@ -38,3 +38,59 @@ def test_imports_go_down_the_layers():
         if module.startswith(f"{P}.execution.backends"):
             outside = {t for t in targets if not t.startswith(f"{P}.execution.backends")} - FOUNDATION
             assert not outside, f"{module} reaches out of the backends package: {sorted(outside)}"
+
+
+def test_internal_helpers_import_nothing_of_ours_but_the_errors():
+    for module, targets in edges().items():
+        if module.startswith(f"{P}._internal"):
+            assert targets <= {f"{P}.errors", *(t for t in targets if t.startswith(f"{P}._internal"))}, module
+
+
+def test_the_pipeline_never_imports_prefect_flows_or_tasks():
+    """The driver is given an executor; which tasks run the steps is the flows' business."""
+    for module, targets in edges().items():
+        if module.startswith(f"{P}.pipeline"):
+            above = sorted(t for t in targets if t.startswith((f"{P}.flows", f"{P}.tasks", f"{P}.cli")))
+            assert not above, f"{module} imports {above}"
+
+
+# Each step of the data path, the module named after it and what a reader finds there first.
+DATA_PATH = {
+    "plan": "plan_shards",
+    "env": "EnvPlugin",
+    "shard": "process_shard",
+    "marker": "write_marker",
+    "merge": "merge_stage",
+    "summary": "StageSummary",
+    "driver": "drive_stage",
+}
+
+
+def test_each_data_path_step_lives_in_the_module_named_after_it():
+    import importlib
+
+    for step, name in DATA_PATH.items():
+        module = importlib.import_module(f"{P}.pipeline.{step}")
+        assert getattr(module, name).__module__ == module.__name__, (step, name)
+
+
+def test_every_prefect_flow_and_task_name_is_registered_once():
+    import importlib
+    import pkgutil
+
+    from prefect import Flow
+    from prefect.tasks import Task
+
+    names: dict[str, list[str]] = {}
+    for package in ("flows", "tasks"):
+        pkg = importlib.import_module(f"{P}.{package}")
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if info.name == "forkserver_warm":  # importing it warms the fork server up: nothing registered
+                continue
+            module = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            for attr, value in vars(module).items():
+                if isinstance(value, (Flow, Task)) and value.__module__ == module.__name__:
+                    names.setdefault(f"{type(value).__name__}:{value.name}", []).append(f"{module.__name__}.{attr}")
+    assert {"Flow:infer", "Flow:run-runner", "Task:build-env", "Task:merge", "Task:run-shard"} <= set(names)
+    twice = {name: where for name, where in names.items() if len(where) > 1}
+    assert not twice, twice
