@@ -36,8 +36,8 @@ class DaskExecutor:
     """The driver's steps on a ``DaskTaskRunner``: ``build-env`` and ``run-shard`` tasks submitted to it,
     ``merge`` as a task on the driver. ``open_runner`` opens the task runner (a context manager); it is
     called the first time a step needs it, so a stage with nothing to run starts no cluster, and the
-    cluster stays up, for the next stage too, until :meth:`close`. ``infer`` is the infer stage (its
-    merge is recorded, its env sized from the dataset); else a runner job named ``what``.
+    cluster stays up, for the next stage too, until the ``with`` block ends. ``infer``: the infer stage
+    (its env sized from the dataset, its merge recorded); else a runner job named ``what``.
     """
 
     def __init__(
@@ -53,7 +53,8 @@ class DaskExecutor:
         self._open_runner, self._before_start, self._make_builder = open_runner, before_start, make_builder
         self._stack = contextlib.ExitStack()
         self.runner = None
-        self.log, self.records_merge, self.what = log, infer, what
+        self.log, self.what = log, what
+        self.sized = self.records_merge = infer
         self.kind = "infer" if infer else "run-runner"
 
     def _task_runner(self):
@@ -63,20 +64,17 @@ class DaskExecutor:
             self.runner = self._stack.enter_context(self._open_runner())
         return self.runner
 
-    def close(self) -> None:
-        self._stack.close()
-
     def __enter__(self) -> DaskExecutor:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._stack.__exit__(*exc)
+    def __exit__(self, *exc) -> bool:
+        return self._stack.__exit__(*exc)
 
     def build_env(self, stage: Stage) -> dict:
         builder = stage.builder if stage.builder is not None else self._make_builder()
         return (
             self._task_runner()
-            .submit(build_env, {"work": stage.work, "builder": builder, "sized": self.records_merge})
+            .submit(build_env, {"work": stage.work, "builder": builder, "sized": self.sized})
             .result()
         )
 
