@@ -6,8 +6,11 @@ flow serves every backend; the block is read at run time, which lets deployments
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import flow, get_run_logger
 
+from espnet3_prefect._internal.util import put_on_pythonpath
 from espnet3_prefect.config.load import load_config_input
 from espnet3_prefect.execution.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.execution.run_states import fails_with_its_message
@@ -36,6 +39,10 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None, wo
         espnet3-prefect infer --config recipes/dtmf/conf/inference.yaml parallel.n_workers=2
     """
     quiet_console()
+    if __name__ != "espnet3_prefect.flows.infer":  # a deployment loaded this file as a script module
+        # what is pickled from it refers to that module: batch jobs (they get the exported PYTHONPATH)
+        # must import it too; appended, so nothing on the path is shadowed
+        put_on_pythonpath(Path(__file__).parent, first=False, here_too=False)
     enter_workdir(workdir)
     preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
     cfg = load_config_input(config, overrides)
