@@ -93,14 +93,15 @@ def drive_stage(
             )
     n_items = sum(s.n_items for s in shards)
     redo = _prepare_folder(stage, shards, log, remove_merged_outputs=executor.records_merge)
-    outcome = ShardOutcome.all_cached(len(shards))
     if any(redo.values()):
         if built is None:
             built = executor.build_env(stage)
         outcome = executor.run_shards(stage, shards, redo)
     else:
         log.info("%s: all %d shards done and verified: nothing to run", stage.test_set, len(shards))
-        outcome.failed = skipped_items([stage.layout.shard_dir(s.index) for s in shards])
+        outcome = ShardOutcome(
+            cached=len(shards), failed=skipped_items([stage.layout.shard_dir(s.index) for s in shards])
+        )
     merged, outputs = executor.merge(stage, shards, n_items)
     if built is not None:
         executor.forget_env(stage)

@@ -125,8 +125,9 @@ def prepare_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
     in the same process, takes the same result (:func:`stages_for_run`) instead of validating again."""
     _validated.clear()
     prepared = build_stages(cfg)
-    _validated[_config_key(cfg)] = prepared
-    _validated.pop("", None)  # a config without a text form is validated again
+    key = _config_key(cfg)
+    if key:  # a config without a text form is validated again in the flow
+        _validated[key] = prepared
     return prepared
 
 

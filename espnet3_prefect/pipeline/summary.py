@@ -2,9 +2,9 @@
 summary (:class:`StageSummary`), typed here and turned into the plain dict the flows return, the
 summary table reads and the UI's artifact shows only at the edge (:meth:`StageSummary.to_dict`).
 
->>> outcome = ShardOutcome.all_cached(3)
->>> (outcome.run, outcome.cached, outcome.any_run)
-(0, 3, False)
+>>> outcome = ShardOutcome(cached=3)
+>>> (outcome.run, outcome.cached, outcome.failed)
+(0, 3, 0)
 >>> s = StageSummary(test_set="test_clean", shards=3, items=30, shards_run=0, shards_cached=3, seconds=0.1)
 >>> s.to_dict()["shards_cached"], "items_run" in s.to_dict()
 (3, False)
@@ -28,15 +28,6 @@ class ShardOutcome:
     failed: int = 0
     jobs: set[str] = field(default_factory=set)
     timing: dict[str, Any] | None = None
-
-    @classmethod
-    def all_cached(cls, n_shards: int) -> ShardOutcome:
-        """Nothing ran: every shard was already done."""
-        return cls(cached=n_shards)
-
-    @property
-    def any_run(self) -> bool:
-        return self.run > 0
 
 
 @dataclass
