@@ -120,3 +120,47 @@ def test_worker_environ_names_every_variable_it_hands_over():
     env = forkserver.worker_environ({"X": 1}, environ={"A": "a"})
     assert env[forkserver.KEYS_VAR].split(",") == sorted(env)
     assert env["X"] == "1"
+
+
+INFER_WORKERS = """
+import logging, os, sys, tempfile
+from pathlib import Path
+from espnet3_prefect.execution.cluster import open_task_runner
+from espnet3_prefect.execution.spec import ParallelSpec
+from espnet3_prefect.flows.dispatch import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD
+
+def seen(dask_worker):
+    return {"torch": "torch" in sys.modules, "pid": os.getpid(), "ppid": os.getppid()}
+
+def uses_torch():
+    import torch
+    return float(torch.ones(3).sum())
+
+if __name__ == "__main__":
+    spec = ParallelSpec.from_config({"env": "local", "n_workers": 2, "options": {"dashboard_address": None}})
+    with tempfile.TemporaryDirectory() as tmp, open_task_runner(
+        spec, log_root=Path(tmp), logger=logging.getLogger("t"),
+        worker_preload=TASK_PRELOAD, forkserver_preload=INFER_FORKSERVER_PRELOAD,
+    ) as runner:
+        runner.client.wait_for_workers(2)
+        states = list(runner.client.run(seen).values())
+        print("DRIVER_TORCH", "torch" in sys.modules)
+        print("WORKERS", sorted(s["torch"] for s in states), len({s["pid"] for s in states}), len({s["ppid"] for s in states}))
+        print("RESULT", runner.client.submit(uses_torch, pure=False).result())
+"""
+
+
+@pytest.mark.slow
+def test_infer_workers_fork_with_torch_imported_once_in_the_fork_server(tmp_path):
+    """The infer flow's fork server imports torch (every infer worker needs it): both workers start
+    with it imported before any task ran, the driver does not import it, and it works in a fork."""
+    import subprocess
+
+    script = tmp_path / "infer_workers.py"
+    script.write_text(INFER_WORKERS)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert lines["DRIVER_TORCH"] == "False"  # only the fork server imported it
+    assert lines["WORKERS"] == "[True, True] 2 1"  # two processes, one parent, torch already there
+    assert lines["RESULT"] == "3.0"
