@@ -145,7 +145,8 @@ if __name__ == "__main__":
         runner.client.wait_for_workers(2)
         states = list(runner.client.run(seen).values())
         print("DRIVER_TORCH", "torch" in sys.modules)
-        print("WORKERS", sorted(s["torch"] for s in states), len({s["pid"] for s in states}), len({s["ppid"] for s in states}))
+        pids, parents = {s["pid"] for s in states}, {s["ppid"] for s in states}
+        print("WORKERS", sorted(s["torch"] for s in states), len(pids), len(parents))
         print("RESULT", runner.client.submit(uses_torch, pure=False).result())
 """
 
