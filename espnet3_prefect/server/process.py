@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from datetime import datetime
 from pathlib import Path
@@ -67,7 +68,8 @@ def warm_routes(api_url: str, cafile: str | None = None, auth_string: str | None
     request is matched against that router: ~0.9 s of the server's CPU, paid by whichever request
     comes first. A 404 is matched against all of them. Sent right after the server is healthy, this
     overlaps with the caller's own start (loading the config, importing the flows) instead of
-    delaying the run's first API call. Errors are ignored: it only warms.
+    delaying the run's first API call. It only warms: whatever the answer, or none, it says nothing
+    (the returned thread's ``status`` holds the HTTP status once it has one: 404 when it got through).
     """
     from espnet3_prefect.server.https import client_context
 
@@ -78,11 +80,15 @@ def warm_routes(api_url: str, cafile: str | None = None, auth_string: str | None
 
     def ask() -> None:
         try:
-            urllib.request.urlopen(request, timeout=60, context=context).close()
-        except OSError:  # the expected 404 (an HTTPError) included
+            with urllib.request.urlopen(request, timeout=60, context=context) as resp:
+                thread.status = resp.status
+        except urllib.error.HTTPError as exc:  # the 404 expected
+            thread.status = exc.code
+        except Exception:  # a server stopped meanwhile: nothing to report
             pass
 
     thread = threading.Thread(target=ask, name="espnet3-prefect-warm-routes", daemon=True)
+    thread.status = None
     thread.start()
     return thread
 

@@ -101,3 +101,23 @@ def test_a_runs_own_server_runs_only_what_a_run_uses_and_still_shows_all_of_it(t
     progress = [a for a in artifacts if a.type == "progress"]
     assert len(progress) == 1 and progress[0].data == 100.0
     assert any(a.key == "infer-summary" and a.type == "table" for a in artifacts)
+
+
+def test_a_new_server_is_asked_once_for_a_path_no_route_answers_past_its_auth(tmp_path, monkeypatch):
+    """Right after a server is healthy, ``warm_routes`` asks it for a path no route answers, so that
+    FastAPI prepares every route then and not on the run's first requests: on a server that asks
+    for basic auth the question carries the credentials and reaches the routes (404), where one
+    without them stops at the door (401)."""
+    from espnet3_prefect.server.auth import new_auth_string
+    from espnet3_prefect.server.process import start_server, stop_server, warm_routes
+
+    monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
+    auth = new_auth_string()
+    proc, api_url = start_server(tmp_path / "home", ui=False, auth_string=auth, services="run")
+    try:
+        answers = [warm_routes(api_url, auth_string=auth), warm_routes(api_url)]
+        for thread in answers:
+            thread.join(60)
+        assert [thread.status for thread in answers] == [404, 401]
+    finally:
+        stop_server(proc.pid)
