@@ -113,6 +113,7 @@ def test_a_new_server_is_asked_once_for_a_path_no_route_answers_past_its_auth(tm
 
     monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
     auth = new_auth_string()
+    (tmp_path / "home").mkdir()
     proc, api_url = start_server(tmp_path / "home", ui=False, auth_string=auth, services="run")
     try:
         answers = [warm_routes(api_url, auth_string=auth), warm_routes(api_url)]
