@@ -1,7 +1,7 @@
 """One run per output folder: ``<inference_dir>/.espnet3-prefect.lock``.
 
 The holder writes its pid, host and flow run id, and touches the file every ``HEARTBEAT_S``. A second
-run is refused with the holder's details. A lock whose holder is gone (same host, pid dead) or
+run is refused with the holder's details. A lock whose holder is gone (same host, pid dead or a zombie) or
 silent for ``STALE_AFTER_S`` is taken over, and the flow run it names is reported for crash marking.
 """
 
@@ -50,13 +50,7 @@ def _holder_gone(holder: dict, age_s: float) -> bool:
         return True
     if holder.get("host") != socket.gethostname():
         return False
-    try:
-        os.kill(int(holder.get("pid", -1)), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
-        return False
-    return False
+    return _pid_gone(holder.get("pid", -1))
 
 
 def acquire(folder: Path, flow_run_id: str | None = None) -> RunLock:
@@ -174,11 +168,22 @@ def _shard_lock_takeover(path: Path, flow_run_id: str | None, allow_overwrite: b
     )
 
 
-def _pid_gone(pid: str) -> bool:
+def _pid_gone(pid: str | int) -> bool:
+    """Whether process ``pid`` of this host has ended: no such process, or a zombie, which has exited
+    and only waits to be reaped (a killed worker whose parent died with it stays one until init gets
+    to it: a second or more here, forever under an init that never reaps).
+
+    >>> _pid_gone(os.getpid()), _pid_gone("not a pid")
+    (False, False)
+    """
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return True
     except (PermissionError, ValueError):
         return False
-    return False
+    try:
+        state = Path(f"/proc/{int(pid)}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state == "Z"

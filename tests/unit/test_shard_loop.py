@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import time
 
 import pytest
 
@@ -159,6 +160,26 @@ def test_shard_lock_of_a_live_other_runner_is_refused_unless_overwrite_is_allowe
     assert "allow_overwrite_lock" in take_shard_lock(lock, "run-1", allow_overwrite=True)
     assert lock.read_text().splitlines()[0] == str(os.getpid())
     assert "this run's earlier attempt" in take_shard_lock(lock, "run-1")  # our own run's re-run
+
+
+def test_shard_lock_of_a_killed_worker_not_yet_reaped_is_taken_over(tmp_path):
+    """A killed worker whose parent died with it is a zombie until init reaps it (a second or more):
+    it writes nothing, so its shard lock is taken over at once, not refused as a live writer's."""
+    import socket
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)  # exits at once; not waited for below: a zombie
+    try:
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        lock = tmp_path / "split.0" / "lock"
+        lock.parent.mkdir()
+        lock.write_text(f"{pid}\n{socket.gethostname()} run-0\n")
+        assert take_shard_lock(lock, "run-1") == f"its holder (pid {pid}) is gone"
+    finally:
+        os.waitpid(pid, 0)
 
 
 def test_local_call_resumes_and_returns_what_merge_returns(tmp_path):
