@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from espnet3_prefect._internal.proc import running
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.pipeline.layout import RUN_LOCK_NAME as LOCK_NAME
 
@@ -169,21 +170,16 @@ def _shard_lock_takeover(path: Path, flow_run_id: str | None, allow_overwrite: b
 
 
 def _pid_gone(pid: str | int) -> bool:
-    """Whether process ``pid`` of this host has ended: no such process, or a zombie, which has exited
-    and only waits to be reaped (a killed worker whose parent died with it stays one until init gets
-    to it: a second or more here, forever under an init that never reaps).
+    """Whether process ``pid`` of this host has ended (:func:`~espnet3_prefect._internal.proc.running`:
+    no such process, or a zombie, which has exited and only waits to be reaped; a killed worker whose
+    parent died with it stays one until init gets to it, a second or more here, forever under an
+    init that never reaps). No pid recorded (not a positive number): not known to be gone.
 
-    >>> _pid_gone(os.getpid()), _pid_gone("not a pid")
-    (False, False)
+    >>> _pid_gone(os.getpid()), _pid_gone("not a pid"), _pid_gone(-1)
+    (False, False, False)
     """
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
+        number = int(pid)
+    except ValueError:
         return False
-    try:
-        state = Path(f"/proc/{int(pid)}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state == "Z"
+    return number > 0 and not running(number)

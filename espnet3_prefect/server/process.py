@@ -164,6 +164,7 @@ def start_server(
         cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )
     logfile.close()
+    cafile = str(tls.ca_file) if tls else None
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -172,17 +173,9 @@ def start_server(
                 f"Prefect server exited with code {proc.returncode}; log {home / 'server.log'}: "
                 f"{' '.join(tail.split()[-60:])}"
             )
-        if healthy(api_url, cafile=str(tls.ca_file) if tls else None):
-            warm_routes(api_url, str(tls.ca_file) if tls else None, auth_string)
-            _register(
-                proc.pid,
-                api_url,
-                home,
-                ui,
-                auth=bool(auth_string),
-                ca_file=str(tls.ca_file) if tls else None,
-                services=services,
-            )
+        if healthy(api_url, cafile=cafile):
+            warm_routes(api_url, cafile, auth_string)
+            _register(proc.pid, api_url, home, ui, auth=bool(auth_string), ca_file=cafile, services=services)
             return proc, api_url
         time.sleep(0.5)
     stop_server(proc.pid)
