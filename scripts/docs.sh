@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+source scripts/python.sh
 VENV=${E3P_VENV:-.venv}
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[docs]" 2>&1 \
+editable_install "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[docs]" 2>&1 \
   | grep -v "is ignored: it is neither" >&2 || true
 exec "$VENV/bin/sphinx-build" -W --keep-going -q -b html docs "${1:-docs/_build/html}"

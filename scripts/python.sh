@@ -16,3 +16,10 @@ pick_python() {  # pick_python [VERSION...] (default: 3.12 3.13 3.11)
   echo python3
 }
 PYTHON=${PYTHON:-$(pick_python)}
+
+# An editable install writes build/ and *.egg-info into this checkout, and CI runs set-ups side by
+# side (.ci/run): each pip install -e of the project holds this checkout's lock (flock, util-linux;
+# where flock is missing, none).
+editable_install() {  # editable_install CMD...: run CMD holding .e3p-install.lock
+  if command -v flock >/dev/null 2>&1; then flock .e3p-install.lock "$@"; else "$@"; fi
+}

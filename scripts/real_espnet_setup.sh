@@ -71,7 +71,7 @@ done
 
 # The project with the extras its unit tests import (not [test]: it pins another torch). CI runs the
 # unit tests here too, where the real espnet3 is importable (.ci/run, layer real-espnet).
-step project "${pip[@]}" install -c "$constraints" -e ".[slurm,ssh,kube,metrics,audio]" -e recipes/dtmf pytest
+step project editable_install "${pip[@]}" install -c "$constraints" -e ".[slurm,ssh,kube,metrics,audio]" -e recipes/dtmf pytest
 "${pip[@]}" freeze >"$LOGS/freeze-final.txt" || fail "pip freeze failed"
 moved=$(grep -iE "$pattern" "$LOGS/freeze-final.txt" | diff "$constraints" - | grep '^[<>]' | tr '\n' ' ')
 [ -z "$moved" ] || fail "installing the project changed pinned packages: $moved"

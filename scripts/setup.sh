@@ -16,7 +16,7 @@ stamp=$VENV/.e3p-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ recipes/dtmf/pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "${E3P_CONSTRAINTS:-}" ] \
    || { [ -n "${E3P_CONSTRAINTS:-}" ] && [ "$E3P_CONSTRAINTS" -nt "$stamp" ]; }; then
   echo "+ pip install -e .[test] -e recipes/dtmf ${constraints[*]}" >&2
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${constraints[@]}" -e ".[test]" -e recipes/dtmf 2>&1 \
+  editable_install "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${constraints[@]}" -e ".[test]" -e recipes/dtmf 2>&1 \
     | grep -v "is ignored: it is neither" >&2 || true
   "$VENV/bin/python" -c "import espnet3_prefect, dtmf_demo, prefect, prefect_dask, torch" >&2
   echo "${E3P_CONSTRAINTS:-}" >"$stamp"
