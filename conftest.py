@@ -16,6 +16,9 @@ INSTALLED_AS = {"flows": "espnet3_prefect.flows", "tasks": "espnet3_prefect.task
 # The Dask worker preload acts on import (reads $ESPNET3_PREFECT_CLIENT_FILE, exits without it), and so
 # does the fork server's (imports and freezes everything it loaded): no doctests.
 collect_ignore = ["espnet3_prefect/execution/worker_api.py", "tasks/forkserver_warm.py"]
+# local_gpu's cluster class subclasses dask-cuda's (the [gpu] extra): it has no examples, and where
+# dask_cuda is not installed it does not import.
+collect_ignore += ["espnet3_prefect/execution/backends/cuda_cluster.py"]
 
 
 def pytest_collect_file(file_path: Path, parent):

@@ -145,3 +145,29 @@ def test_local_gpu_without_a_gpu_says_so_before_the_missing_extra(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     with pytest.raises(MissingExtraError, match=r"espnet3-prefect\[gpu\]"):
         preflight(ParallelSpec.from_config({"env": "local_gpu"}))
+
+
+def test_local_gpu_workers_get_our_preload_and_env_under_their_own_gpu(monkeypatch):
+    """local_gpu forks its workers like local: our preload, then the user's; the nanny ``env`` is the
+    driver's environment with the user's ``options.env``, and dask-cuda's per-worker
+    ``CUDA_VISIBLE_DEVICES`` goes on top of it and onto the list a forked worker keeps."""
+    from espnet3_prefect.execution.backends.base import ClusterContext
+    from espnet3_prefect.execution.backends.forkserver import KEYS_VAR
+    from espnet3_prefect.execution.backends.local import LocalGpuBackend, with_worker_env
+
+    monkeypatch.setenv("E3P_T_DRIVER", "d")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    spec = ParallelSpec.from_config(
+        {"env": "local_gpu", "options": {"preload": "my_site.setup", "env": {"E3P_T_USER": 1}}}
+    )
+    context = ClusterContext(worker_preload=("ours",), forkserver_preload=("torch",))
+    kwargs = LocalGpuBackend().cluster_kwargs(spec, context)
+    assert kwargs["preload"] == ["ours", "my_site.setup"]
+    assert kwargs["env"]["E3P_T_DRIVER"] == "d" and kwargs["env"]["E3P_T_USER"] == "1"
+    assert LocalGpuBackend.cluster_class.endswith("backends.cuda_cluster.LocalCUDACluster")
+    dask_cuda_specs = {0: {"options": {"env": {"CUDA_VISIBLE_DEVICES": "1,0"}}}, 1: {"options": {"env": {}}}}
+    specs = with_worker_env(dask_cuda_specs, kwargs["env"])
+    first, second = specs[0]["options"]["env"], specs[1]["options"]["env"]
+    assert first["CUDA_VISIBLE_DEVICES"] == "1,0" and first["E3P_T_USER"] == "1" and first["E3P_T_DRIVER"] == "d"
+    assert {"CUDA_VISIBLE_DEVICES", "E3P_T_DRIVER", "E3P_T_USER"} <= set(first[KEYS_VAR].split(","))
+    assert "CUDA_VISIBLE_DEVICES" not in second and "CUDA_VISIBLE_DEVICES" not in second[KEYS_VAR].split(",")

@@ -1,17 +1,20 @@
 """``env: local`` (a ``distributed.LocalCluster`` of processes) and ``env: local_gpu`` (dask-cuda, one
-worker per visible GPU). Both bind the scheduler and dashboards to 127.0.0.1. ``parallel.tls`` is
+worker per visible GPU). Both bind the scheduler and dashboards to 127.0.0.1, and both fork their
+workers from one preloaded fork server under the flows (:mod:`.forkserver`). ``parallel.tls`` is
 off by default here (loopback only); ``tls: true`` gives the cluster Dask's in-memory temporary
 certificate (``security=True``): no file is written, workers get it from their parent process."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.backends import forkserver
 from espnet3_prefect.execution.backends.allocator import allocator_settings
 from espnet3_prefect.execution.backends.base import LOOPBACK_DASHBOARD, Backend, ClusterContext, keyword_names
+from espnet3_prefect.execution.backends.forkserver import KEYS_VAR
 
 
 class LocalBackend(Backend):
@@ -56,10 +59,13 @@ class LocalBackend(Backend):
 
 
 class LocalGpuBackend(LocalBackend):
+    """dask-cuda's ``LocalCUDACluster`` through :mod:`.cuda_cluster`, which keeps the ``env`` we pass
+    (dask-cuda would replace it with each worker's ``CUDA_VISIBLE_DEVICES``): forked workers get the
+    driver's environment and a user's ``options.env`` with their own GPU laid over them."""
+
     name = "local_gpu"
-    cluster_class = "dask_cuda.LocalCUDACluster"
+    cluster_class = "espnet3_prefect.execution.backends.cuda_cluster.LocalCUDACluster"
     extra = "gpu"
-    preloads_workers = False  # not verified with dask-cuda here (no GPU machine): left as it was
     defaults = {"host": "127.0.0.1", "dashboard_address": LOOPBACK_DASHBOARD}
 
     def valid_options(self) -> set[str] | None:
@@ -67,6 +73,27 @@ class LocalGpuBackend(LocalBackend):
 
     def before_start(self, spec) -> None:
         check_gpu_count(spec.n_workers, visible_gpu_count())
+
+
+def with_worker_env(specs: dict, env: Mapping[str, str]) -> dict:
+    """dask-cuda's worker specs (``{name: {"cls", "options"}}``) with ``env`` under each worker's own
+    ``env`` (its ``CUDA_VISIBLE_DEVICES``, which wins, and ``RAPIDS_NO_INITIALIZE``, which dask-cuda
+    sets in the driver for spawned workers to inherit), and those names added to the list a forked
+    worker keeps (:data:`.forkserver.KEYS_VAR`, where ``env`` has it).
+
+    >>> spec = with_worker_env({0: {"options": {"env": {"CUDA_VISIBLE_DEVICES": "1"}}}}, {"A": "x", KEYS_VAR: "A"})
+    >>> spec[0]["options"]["env"]  # doctest: +NORMALIZE_WHITESPACE
+    {'A': 'x', 'ESPNET3_PREFECT_WORKER_ENV_KEYS': 'A,CUDA_VISIBLE_DEVICES,RAPIDS_NO_INITIALIZE',
+     'RAPIDS_NO_INITIALIZE': 'True', 'CUDA_VISIBLE_DEVICES': '1'}
+    """
+    for spec in specs.values():
+        options = spec.setdefault("options", {})
+        own = {"RAPIDS_NO_INITIALIZE": "True", **{k: str(v) for k, v in (options.get("env") or {}).items()}}
+        merged = {**env, **own}
+        if KEYS_VAR in merged:
+            merged[KEYS_VAR] = ",".join(sorted({*merged[KEYS_VAR].split(","), *own} - {""}))
+        options["env"] = merged
+    return specs
 
 
 def worker_preload(ours: tuple[str, ...], theirs: Any) -> list[str]:
