@@ -54,8 +54,7 @@ def one_variant(variant: str) -> None:
     from espnet3_prefect.execution.backends.local import LocalGpuBackend
     from espnet3_prefect.execution.cluster import open_task_runner
     from espnet3_prefect.execution.spec import ParallelSpec
-    from espnet3_prefect.flows.dispatch import TASK_PRELOAD
-    from espnet3_prefect.flows.preloads import INFER_FORKSERVER_PRELOAD
+    from espnet3_prefect.flows.dispatch import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD
 
     if variant == "before":
         LocalGpuBackend.preloads_workers = False

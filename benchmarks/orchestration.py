@@ -84,7 +84,7 @@ def worker_start(n_workers: int, fork: bool) -> dict:
 
     extra = {}
     if fork:
-        from espnet3_prefect.flows.preloads import FORKSERVER_PRELOAD
+        from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD
 
         extra["forkserver_preload"] = FORKSERVER_PRELOAD
 

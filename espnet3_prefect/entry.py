@@ -37,7 +37,7 @@ from espnet3_prefect.config.runner_keys import (
 )
 from espnet3_prefect.espnet3.runner import set_call_handler
 from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL, active_parallel_config
-from espnet3_prefect.execution.spec import preflight, start_fork_server_early
+from espnet3_prefect.execution.spec import preflight
 from espnet3_prefect.main_guard import check_main_guard
 from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
 from espnet3_prefect.pipeline.runner_job import RunnerJob, importable_from_workers, prepare_job
@@ -60,9 +60,6 @@ def infer(config: DictConfig) -> None:
     importable_from_workers()
 
     def start():
-        from espnet3_prefect.flows.preloads import INFER_FORKSERVER_PRELOAD
-
-        start_fork_server_early(spec, INFER_FORKSERVER_PRELOAD)  # beside the flow's import and start
         from espnet3_prefect.flows.infer import infer as infer_flow
 
         return infer_flow(config=plain)
@@ -135,14 +132,7 @@ def run(
     }
     job = prepare_job(runner, indices, parallel, control)
     importable_from_workers()
-
-    def start():
-        from espnet3_prefect.flows.preloads import FORKSERVER_PRELOAD
-
-        start_fork_server_early(job.spec, FORKSERVER_PRELOAD)  # beside the flow's import and start
-        return _runner_flow(job)(job=job)
-
-    return _on_api(start)
+    return _on_api(lambda: _runner_flow(job)(job=job))
 
 
 def call_runner(runner: Any, indices: Iterable[int]) -> Any:

@@ -27,6 +27,14 @@ from espnet3_prefect.tasks.merge_shards import merge_shards
 
 #: what every worker imports while it starts (``open_task_runner(..., worker_preload=TASK_PRELOAD)``)
 TASK_PRELOAD = (preload.__name__,)
+#: what the fork server of ``env: local`` imports once for all local workers (``forkserver_preload=``)
+#: (named, not imported: importing it runs the warm-up, which belongs in the fork server only)
+FORKSERVER_PRELOAD = ("espnet3_prefect.tasks.forkserver_warm",)
+#: the ``infer`` flow's fork server also imports torch, first (so the warm-up freezes it too): every
+#: infer worker imports it anyway (the provider picks its device with it; ESPnet's models are torch),
+#: ~1.7 s of CPU each, now once per machine. Not installed: Python skips it. Importing torch starts
+#: no CUDA context, so forked workers may still use CUDA.
+INFER_FORKSERVER_PRELOAD = ("torch", *FORKSERVER_PRELOAD)
 
 
 class DaskExecutor:

@@ -85,7 +85,6 @@ def infer_input(args: argparse.Namespace) -> tuple:
 def run_infer(args: argparse.Namespace) -> int:
     config, overrides = infer_input(args)
     prepared = []
-    specs = []
     done = []
 
     def validate():
@@ -98,7 +97,6 @@ def run_infer(args: argparse.Namespace) -> int:
         cfg = load_config_input(config, overrides)
         spec, stages = prepare_stages(cfg)
         preflight(spec)
-        specs.append(spec)
         prepared.extend(stages)
         done.append(all_complete(stages))
         if done[0] is None:  # work to do: the demo's data, then input_key, before a server starts
@@ -108,10 +106,6 @@ def run_infer(args: argparse.Namespace) -> int:
         return done[0]
 
     def run():
-        from espnet3_prefect.execution.spec import start_fork_server_early
-        from espnet3_prefect.flows.preloads import INFER_FORKSERVER_PRELOAD
-
-        start_fork_server_early(specs[0], INFER_FORKSERVER_PRELOAD)  # beside the flow's import and start
         from espnet3_prefect.flows.infer import infer
 
         with console_skips_summary():

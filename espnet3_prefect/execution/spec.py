@@ -121,22 +121,6 @@ def preflight(spec: ParallelSpec) -> None:
     backend.load_cluster_class()
 
 
-def start_fork_server_early(spec: ParallelSpec, modules: tuple[str, ...]) -> None:
-    """Start this process's fork server now (:mod:`.backends.forkserver`), for a flow whose cluster
-    opens later: the server's imports (seconds of one core) then run beside what the driver does first
-    (importing the flow, creating its run), not after it. Only where that cluster forks its workers
-    (``local``, ``local_gpu``; not with ``address``); elsewhere nothing. Call it once the Prefect API is
-    set, so that the server starts with the run's environment.
-
-    >>> start_fork_server_early(ParallelSpec(env="slurm"), ("espnet3_prefect.tasks.forkserver_warm",))
-    """
-    if spec.address or not modules:
-        return
-    backend = backends.get(spec.env)
-    if getattr(backend, "preloads_workers", False):
-        backend.dask_settings(spec, ClusterContext(forkserver_preload=modules))  # starts it; settings unused
-
-
 def build_task_runner(spec: ParallelSpec, context: ClusterContext | None = None):
     """A prefect-dask ``DaskTaskRunner`` (our cheaper-to-submit subclass) for a validated spec;
     ``context``: per-run job name, log folder, environment (see :class:`ClusterContext`).

@@ -15,8 +15,7 @@ from distributed.comm.core import CommClosedError
 from espnet3_prefect.execution.backends import forkserver
 from espnet3_prefect.execution.cluster import open_task_runner
 from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.flows.dispatch import TASK_PRELOAD
-from espnet3_prefect.flows.preloads import FORKSERVER_PRELOAD
+from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, TASK_PRELOAD
 from espnet3_prefect.tasks import preload
 
 USER_PRELOAD = """
@@ -128,8 +127,7 @@ import logging, os, sys, tempfile
 from pathlib import Path
 from espnet3_prefect.execution.cluster import open_task_runner
 from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.flows.dispatch import TASK_PRELOAD
-from espnet3_prefect.flows.preloads import INFER_FORKSERVER_PRELOAD
+from espnet3_prefect.flows.dispatch import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD
 
 def seen(dask_worker):
     return {"torch": "torch" in sys.modules, "pid": os.getpid(), "ppid": os.getppid()}
@@ -167,49 +165,3 @@ def test_infer_workers_fork_with_torch_imported_once_in_the_fork_server(tmp_path
     assert lines["DRIVER_TORCH"] == "False"  # only the fork server imported it
     assert lines["WORKERS"] == "[True, True] 2 1"  # two processes, one parent, torch already there
     assert lines["RESULT"] == "3.0"
-
-
-EARLY_START = """
-import logging, os, sys, tempfile
-from pathlib import Path
-import psutil
-from espnet3_prefect.execution.cluster import open_task_runner
-from espnet3_prefect.execution.spec import ParallelSpec, start_fork_server_early
-from espnet3_prefect.flows.dispatch import TASK_PRELOAD
-from espnet3_prefect.flows.preloads import INFER_FORKSERVER_PRELOAD
-
-def fork_servers():
-    return [p.pid for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())]
-
-def parent(dask_worker):
-    return os.getppid()
-
-if __name__ == "__main__":
-    start_fork_server_early(ParallelSpec(env="slurm"), INFER_FORKSERVER_PRELOAD)
-    print("AFTER_SLURM", len(fork_servers()))
-    spec = ParallelSpec.from_config({"env": "local", "n_workers": 2, "options": {"dashboard_address": None}})
-    start_fork_server_early(spec, INFER_FORKSERVER_PRELOAD)
-    early = fork_servers()
-    print("AFTER_LOCAL", len(early))
-    with tempfile.TemporaryDirectory() as tmp, open_task_runner(
-        spec, log_root=Path(tmp), logger=logging.getLogger("t"),
-        worker_preload=TASK_PRELOAD, forkserver_preload=INFER_FORKSERVER_PRELOAD,
-    ) as runner:
-        runner.client.wait_for_workers(2)
-        print("PARENTS", sorted(set(runner.client.run(parent).values())) == early)
-"""
-
-
-@pytest.mark.slow
-def test_a_fork_server_started_early_is_the_one_the_flows_cluster_forks_from(tmp_path):
-    """The command line and entry start the fork server before they import a flow: for a backend
-    that forks (local) it starts at once and the cluster opened later forks its workers from it; for
-    one that does not (slurm) nothing starts."""
-    import subprocess
-
-    script = tmp_path / "early_start.py"
-    script.write_text(EARLY_START)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0].isupper())
-    assert lines == {"AFTER_SLURM": "0", "AFTER_LOCAL": "1", "PARENTS": "True"}
