@@ -45,9 +45,13 @@ PREFECT_STAGES = ("infer", "measure", "collect_stats")
 def launch(
     system_cls: type, *, conf_package: str | None = None, argv: Sequence[str] | None = None, parser: Any = None
 ) -> None:
-    """ESPnet3's ``launch(system_cls, ...)`` with the parallel stages on Prefect (same arguments)."""
+    """ESPnet3's ``launch(system_cls, ...)`` with the parallel stages on Prefect (same arguments);
+    the stages that need a Prefect server share one (:func:`~espnet3_prefect.server.embedded.one_server`)."""
+    from espnet3_prefect.server.embedded import one_server
+
     espnet3_launch = _espnet3_launch()
-    espnet3_launch(on_prefect(system_cls), conf_package=conf_package, argv=argv, parser=parser)
+    with one_server():
+        espnet3_launch(on_prefect(system_cls), conf_package=conf_package, argv=argv, parser=parser)
 
 
 def on_prefect(system_cls: type) -> type:

@@ -135,8 +135,39 @@ def prefect_api(
         me.unlink(missing_ok=True)
         if not keep and not _other_users(home):
             _flush_prefect()
-            stop_server(info["pid"])
-            forget_server(home, info["pid"], info["api_url"])
+            if _holds:
+                _left_running[home] = info
+            else:
+                _stop(home, info)
+
+
+#: nesting depth of :func:`one_server` in this process, and the servers left running meanwhile
+_holds: list[int] = []
+_left_running: dict[Path, dict] = {}
+
+
+@contextlib.contextmanager
+def one_server() -> Iterator[None]:
+    """While it lasts, a server :func:`prefect_api` would stop at its end stays up, and the next
+    ``prefect_api`` of this process (same state folder) finds and uses it: the stages of one
+    ``launch`` (``infer``, then ``measure``) share one server instead of starting one each (a start
+    is seconds of CPU). It starts nothing itself (a run whose stages are all done starts no server),
+    and at its end stops what was left running, unless another process uses it."""
+    _holds.append(1)
+    try:
+        yield
+    finally:
+        _holds.pop()
+        if not _holds:
+            for home, info in list(_left_running.items()):
+                del _left_running[home]
+                if not _other_users(home):
+                    _stop(home, info)
+
+
+def _stop(home: Path, info: dict) -> None:
+    stop_server(info["pid"])
+    forget_server(home, info["pid"], info["api_url"])
 
 
 def start_recorded(

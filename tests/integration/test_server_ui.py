@@ -122,3 +122,25 @@ def test_a_new_server_is_asked_once_for_a_path_no_route_answers_past_its_auth(tm
         assert [thread.status for thread in answers] == [404, 401]
     finally:
         stop_server(proc.pid)
+
+
+def test_the_stages_of_one_launch_share_one_server_stopped_at_its_end(tmp_path, monkeypatch):
+    """``launch`` runs infer, then measure, each under its own ``prefect_api``: inside ``one_server``
+    the second finds the first's server still up and uses it (one start, not two); at the end of
+    ``one_server`` it is stopped. Outside it, a stage's server stops with the stage, as before."""
+    from espnet3_prefect._internal.proc import pid_alive
+    from espnet3_prefect.server.embedded import one_server, prefect_api, running_server
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
+    home = tmp_path / "home"
+    with one_server():
+        with prefect_api(home, ui=False) as first:
+            pid = running_server(home)["pid"]
+        assert running_server(home)["pid"] == pid  # left up for the next stage
+        with prefect_api(home, ui=False) as second:
+            assert second == first and running_server(home)["pid"] == pid
+    assert running_server(home) is None and not pid_alive(pid)
+    with prefect_api(home, ui=False):
+        pid = running_server(home)["pid"]
+    assert running_server(home) is None and not pid_alive(pid)
