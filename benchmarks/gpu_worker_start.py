@@ -16,17 +16,15 @@ the two variables, whether torch was imported before the first task.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-from .orchestration import tree_cpu_s
+from .orchestration import flows_cluster, tree_cpu_s
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,14 +50,13 @@ def probe() -> dict:
 
 def one_variant(variant: str) -> None:
     from espnet3_prefect.execution.backends.local import LocalGpuBackend
-    from espnet3_prefect.execution.cluster import open_task_runner
     from espnet3_prefect.execution.spec import ParallelSpec
-    from espnet3_prefect.flows.dispatch import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD
+    from espnet3_prefect.flows.dispatch import INFER_FORKSERVER_PRELOAD
 
     if variant == "before":
         LocalGpuBackend.preloads_workers = False
         LocalGpuBackend.cluster_class = "dask_cuda.LocalCUDACluster"
-    extra = {"forkserver_preload": INFER_FORKSERVER_PRELOAD} if variant == "fork" else {}
+    preload = INFER_FORKSERVER_PRELOAD if variant == "fork" else ()
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     os.environ["E3P_T_GONE"] = "1"
     spec = ParallelSpec.from_config({"env": "local_gpu", "n_workers": 1, "options": {"dashboard_address": None}})
@@ -69,12 +66,7 @@ def one_variant(variant: str) -> None:
             del os.environ["E3P_T_GONE"]
         cpu0 = sum(tree_cpu_s(c.pid) for c in psutil.Process().children())
         started = time.perf_counter()
-        with (
-            tempfile.TemporaryDirectory() as tmp,
-            open_task_runner(
-                spec, log_root=Path(tmp), logger=logging.getLogger("bench"), worker_preload=TASK_PRELOAD, **extra
-            ) as runner,
-        ):
+        with flows_cluster(spec, preload) as runner:
             runner.client.wait_for_workers(1)
             ready = time.perf_counter() - started
             views = list(runner.client.run(probe).values())

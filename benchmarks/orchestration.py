@@ -11,6 +11,7 @@ registered, and the wall time to that point.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
@@ -77,25 +78,33 @@ class ServerMeter:
         return tree_cpu_s(self.pid) - self.cpu0, task_run_count() - self.runs0
 
 
-def worker_start(n_workers: int, fork: bool) -> dict:
+@contextlib.contextmanager
+def flows_cluster(spec, forkserver_preload: tuple[str, ...] = ()):
+    """The cluster the flows open for ``spec`` (our worker preload; with ``forkserver_preload`` its
+    workers fork from the fork server), its logs in a temporary folder."""
     from espnet3_prefect.execution.cluster import open_task_runner
-    from espnet3_prefect.execution.spec import ParallelSpec
     from espnet3_prefect.flows.dispatch import TASK_PRELOAD
 
-    extra = {}
-    if fork:
-        from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD
-
-        extra["forkserver_preload"] = FORKSERVER_PRELOAD
-
-    spec = ParallelSpec.from_config({"env": "local", "n_workers": n_workers, "options": {"dashboard_address": None}})
-    started = time.perf_counter()
     with (
         tempfile.TemporaryDirectory() as tmp,
         open_task_runner(
-            spec, log_root=Path(tmp), logger=logging.getLogger("bench"), worker_preload=TASK_PRELOAD, **extra
+            spec,
+            log_root=Path(tmp),
+            logger=logging.getLogger("bench"),
+            worker_preload=TASK_PRELOAD,
+            forkserver_preload=forkserver_preload,
         ) as runner,
     ):
+        yield runner
+
+
+def worker_start(n_workers: int, fork: bool) -> dict:
+    from espnet3_prefect.execution.spec import ParallelSpec
+    from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD
+
+    spec = ParallelSpec.from_config({"env": "local", "n_workers": n_workers, "options": {"dashboard_address": None}})
+    started = time.perf_counter()
+    with flows_cluster(spec, FORKSERVER_PRELOAD if fork else ()) as runner:
         runner.client.wait_for_workers(n_workers)
         wall = time.perf_counter() - started
         cpu = sum(tree_cpu_s(child.pid) for child in psutil.Process().children())
