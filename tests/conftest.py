@@ -30,8 +30,9 @@ def prefect_server(tmp_path_factory):
     """A real Prefect API server for the session; its URL is exported to workers."""
     from espnet3_prefect.server.embedded import _flush_prefect
     from espnet3_prefect.server.process import start_server, stop_server
+    from tests.helpers.prefect_db import seed
 
-    home = tmp_path_factory.mktemp("prefect-server")
+    home = seed(tmp_path_factory.mktemp("prefect-server"))
     proc, url = start_server(home, ui=False)
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
     os.environ["PREFECT_API_URL"] = url

@@ -11,13 +11,16 @@ import time
 from pathlib import Path
 
 from espnet3_prefect._internal.proc import pid_alive  # noqa: F401  (re-exported for the tests)
+from tests.helpers.prefect_db import seed
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "espnet3_prefect.cli"]
 
 
 def cli_env(home: Path) -> dict[str, str]:
-    """The environment minus any PREFECT_* (so the CLI uses its embedded default), state in ``home``."""
+    """The environment minus any PREFECT_* (so the CLI uses its embedded default), state in ``home``
+    (seeded with a migrated Prefect database, :mod:`tests.helpers.prefect_db`)."""
+    seed(home)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT), ESPNET3_PREFECT_REGISTRY=str(Path(home) / "registry")

@@ -14,6 +14,8 @@ import urllib.request
 
 import pytest
 
+from tests.helpers.prefect_db import seed
+
 pytestmark = pytest.mark.slow
 
 
@@ -113,8 +115,7 @@ def test_a_new_server_is_asked_once_for_a_path_no_route_answers_past_its_auth(tm
 
     monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
     auth = new_auth_string()
-    (tmp_path / "home").mkdir()
-    proc, api_url = start_server(tmp_path / "home", ui=False, auth_string=auth, services="run")
+    proc, api_url = start_server(seed(tmp_path / "home"), ui=False, auth_string=auth, services="run")
     try:
         answers = [warm_routes(api_url, auth_string=auth), warm_routes(api_url)]
         for thread in answers:

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, parse_name, resolve_key, zip_complete
 from espnet3_prefect.checkpoints.trend import best_points, checkpoint_points
 from espnet3_prefect.errors import ConfigError
+from tests.helpers.prefect_db import seed
 
 
 def torch_bytes(obj, legacy: bool = False) -> bytes:
@@ -169,8 +170,7 @@ def test_events_reach_a_server_that_asks_for_basic_auth_over_https(tmp_path):
     from espnet3_prefect.server.process import start_server, stop_server
 
     auth = "e3p:" + uuid.uuid4().hex
-    home = tmp_path / "home"
-    home.mkdir()
+    home = seed(tmp_path / "home")
     tls = ServerTLS.of(home).create("127.0.0.1")
     proc, url = start_server(home, ui=False, auth_string=auth, tls=tls)
     assert url.startswith("https://")
