@@ -398,10 +398,15 @@ def _worker_environ() -> dict:
     return {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "SLURM_JOB_ID", "JOB_ID")}
 
 
-def test_batch_workers_keep_glibc_allocator_thresholds(batch_backend, tmp_path):
+def test_batch_workers_keep_glibc_allocator_thresholds(batch_backend, tmp_path, monkeypatch):
     """A job's nanny does not export Dask's MALLOC_TRIM_THRESHOLD_ to its worker (the job script says
     so to Dask), and still sets Dask's other pre-spawn variables."""
     import logging
+
+    # A job inherits the driver's environment, and a nanny started earlier in this test process with
+    # Dask's defaults (a stock LocalCluster in another test) left the variable there: a user who sets
+    # it keeps it (allocator.py). Here the driver's environment is a user's who did not.
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
 
     from espnet3_prefect.execution.cluster import open_task_runner
     from espnet3_prefect.execution.spec import ParallelSpec
