@@ -41,12 +41,12 @@ def register(sub) -> None:
 def choose_state_dir(target: str | None, state_dir: str | None) -> Path:
     """``--state-dir``; else ``target`` when it is a state dir; else ``$ESPNET3_PREFECT_HOME``; else the
     state dir of ``target``'s project (default: the current folder's), as the runs chose it."""
-    from espnet3_prefect.server.state_home import default_state_dir
+    from espnet3_prefect.server.state_home import PREFECT_HOME_DIR, default_state_dir
     from espnet3_prefect.server.state_home import state_dir as make_state_dir
 
     if state_dir:
         return make_state_dir(state_dir)
-    if target and (Path(target) / "prefect_home").is_dir():
+    if target and (Path(target) / PREFECT_HOME_DIR).is_dir():
         return make_state_dir(target)
     if os.environ.get("ESPNET3_PREFECT_HOME") or not target:
         return make_state_dir(None)

@@ -27,7 +27,7 @@ from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import stop_group
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.services import service_environ
-from espnet3_prefect.server.state_home import registry_dir
+from espnet3_prefect.server.state_home import PREFECT_HOME_DIR, registry_dir
 
 if TYPE_CHECKING:
     from espnet3_prefect.server.https import ServerTLS
@@ -125,7 +125,7 @@ def start_server(
     # any other port is blank, or shows the runs of whichever server holds 4200.
     env = {
         **os.environ,
-        "PREFECT_HOME": str(home / "prefect_home"),
+        "PREFECT_HOME": str(home / PREFECT_HOME_DIR),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
         "PREFECT_SERVER_UI_API_URL": api_url,

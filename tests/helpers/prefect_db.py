@@ -24,8 +24,9 @@ import threading
 from contextlib import closing
 from pathlib import Path
 
-#: where start_server keeps Prefect's own home (PREFECT_HOME) inside a state dir, and its database
-PREFECT_HOME = "prefect_home"
+from espnet3_prefect.server.state_home import PREFECT_HOME_DIR
+
+#: Prefect's SQLite database in its home (PREFECT_HOME), its default name
 DATABASE = "prefect.db"
 
 _lock = threading.Lock()
@@ -59,7 +60,7 @@ def seed(home: Path) -> Path:
     """Put a copy of :func:`template` where a server started on state dir ``home`` looks for its
     database, unless one is there already; returns ``home``. The copy is written beside and renamed
     into place, so a server never finds half a database."""
-    target = Path(home) / PREFECT_HOME / DATABASE
+    target = Path(home) / PREFECT_HOME_DIR / DATABASE
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{DATABASE}.{os.getpid()}.partial")
