@@ -19,6 +19,29 @@ collect_ignore_glob = ["infra/*"]
 ROOT = Path(__file__).resolve().parents[1]
 FSDD = ROOT.parent / "shared" / "data" / "fsdd" / "recordings"
 
+# The test files that take longest (seconds of one pytest process, CI's 2 cores, infra up, 2026-11-27),
+# collected first and in this order: .ci/run gives whole files to two pytest-xdist workers in
+# collection order (--dist loadfile --no-loadscope-reorder), so the long ones start first and the
+# short ones fill in at the end, instead of one worker finishing alone on a long file. Order only:
+# every file's own tests keep their order, and a run of one worker runs the same tests.
+LONGEST_FIRST = (
+    "tests/parity/test_parity.py",  # 325 s
+    "tests/integration/test_real_backends.py",  # 294 s, mostly waiting on SLURM's walltime
+    "tests/integration/test_task_runner_contract.py",  # 239 s
+    "tests/integration/test_deployments.py",  # 230 s
+    "tests/integration/test_security_api.py",  # 224 s
+    "tests/integration/test_checkpoint_events.py",  # 221 s
+    "tests/integration/test_browser_ui.py",  # 110 s
+    "tests/integration/test_real_oar.py",  # 86 s
+    "tests/integration/test_server_ui.py",  # 82 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable
+
+
 # Batch jobs and spawned workers import tests.helpers.* too.
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
