@@ -51,7 +51,7 @@ def probe() -> dict:
 def one_variant(variant: str) -> None:
     from espnet3_prefect.execution.backends.local import LocalGpuBackend
     from espnet3_prefect.execution.spec import ParallelSpec
-    from espnet3_prefect.flows.dispatch import INFER_FORKSERVER_PRELOAD
+    from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD
 
     if variant == "before":
         LocalGpuBackend.preloads_workers = False

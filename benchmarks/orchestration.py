@@ -83,7 +83,7 @@ def flows_cluster(spec, forkserver_preload: tuple[str, ...] = ()):
     """The cluster the flows open for ``spec`` (our worker preload; with ``forkserver_preload`` its
     workers fork from the fork server), its logs in a temporary folder."""
     from espnet3_prefect.execution.cluster import open_task_runner
-    from espnet3_prefect.flows.dispatch import TASK_PRELOAD
+    from espnet3_prefect.flows.workers import TASK_PRELOAD
 
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -100,7 +100,7 @@ def flows_cluster(spec, forkserver_preload: tuple[str, ...] = ()):
 
 def worker_start(n_workers: int, fork: bool) -> dict:
     from espnet3_prefect.execution.spec import ParallelSpec
-    from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD
+    from espnet3_prefect.flows.workers import FORKSERVER_PRELOAD
 
     spec = ParallelSpec.from_config({"env": "local", "n_workers": n_workers, "options": {"dashboard_address": None}})
     started = time.perf_counter()

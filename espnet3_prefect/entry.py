@@ -64,7 +64,9 @@ def infer(config: DictConfig) -> None:
 
         return infer_flow(config=plain)
 
-    _on_api(start)
+    from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, fork_server_beside
+
+    _on_api(start, starting=fork_server_beside(spec, stages, INFER_FORKSERVER_PRELOAD))
 
 
 def measure(metrics_config: DictConfig, inference_config: DictConfig | None = None) -> dict:
@@ -155,15 +157,16 @@ def _runner_flow(job: RunnerJob):
     return run_runner.with_options(flow_run_name=job.name)
 
 
-def _on_api(start: Callable[[], Any]) -> Any:
+def _on_api(start: Callable[[], Any], starting: Callable[[dict], None] | None = None) -> Any:
     """``start()`` (which imports and calls a flow) on a Prefect API the workers can reach: the running
-    flow's when there is one (a subflow), else ``PREFECT_API_URL``, else the embedded server."""
+    flow's when there is one (a subflow), else ``PREFECT_API_URL``, else the embedded server (then
+    ``starting`` runs beside its start: :func:`~espnet3_prefect.server.embedded.prefect_api`)."""
     if _in_flow():
         with _api_for_workers():
             return start()
     from espnet3_prefect.server.embedded import prefect_api
 
-    with prefect_api():  # before the flow module imports prefect, so every thread sees this API
+    with prefect_api(starting=starting):  # before the flow module imports prefect, so every thread sees this API
         return start()
 
 

@@ -1,7 +1,7 @@
 """The flows' executor of the pipeline driver: the steps of a stage as Prefect tasks on the flow's
 ``DaskTaskRunner`` (:class:`DaskExecutor`), shared by ``infer`` and ``run-runner``.
 
-:data:`TASK_PRELOAD` names the Dask preload that imports the tasks in each worker as it starts;
+What the workers import before their first task is :mod:`espnet3_prefect.flows.workers`'s;
 :func:`run_shards` submits one ``run-shard`` task per shard and books them as they finish (progress
 bar + artifact, counts, one line per failed shard); :func:`take_run_lock` takes a folder's run lock
 and marks the flow run of a killed earlier holder Crashed.
@@ -21,20 +21,8 @@ from espnet3_prefect.pipeline.plan import Shard
 from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
 from espnet3_prefect.pipeline.stage import Stage
 from espnet3_prefect.pipeline.summary import ShardOutcome
-from espnet3_prefect.tasks import preload
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge_shards import merge_shards
-
-#: what every worker imports while it starts (``open_task_runner(..., worker_preload=TASK_PRELOAD)``)
-TASK_PRELOAD = (preload.__name__,)
-#: what the fork server of ``env: local`` imports once for all local workers (``forkserver_preload=``)
-#: (named, not imported: importing it runs the warm-up, which belongs in the fork server only)
-FORKSERVER_PRELOAD = ("espnet3_prefect.tasks.forkserver_warm",)
-#: the ``infer`` flow's fork server also imports torch, first (so the warm-up freezes it too): every
-#: infer worker imports it anyway (the provider picks its device with it; ESPnet's models are torch),
-#: ~1.7 s of CPU each, now once per machine. Not installed: Python skips it. Importing torch starts
-#: no CUDA context, so forked workers may still use CUDA.
-INFER_FORKSERVER_PRELOAD = ("torch", *FORKSERVER_PRELOAD)
 
 
 class DaskExecutor:

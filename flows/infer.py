@@ -16,7 +16,8 @@ from espnet3_prefect.execution.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import check_writable, enter_workdir, preload_on_main_thread
 from espnet3_prefect.execution.spec import preflight
-from espnet3_prefect.flows.dispatch import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD, DaskExecutor, take_run_lock
+from espnet3_prefect.flows.dispatch import DaskExecutor, take_run_lock
+from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD, stage_modules
 from espnet3_prefect.pipeline.dataprep import ensure_prepared
 from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.report import CONSOLE_OFF, format_summary, publish_summary, quiet_console
@@ -94,6 +95,7 @@ def _run_stages(spec, stages: list[Stage], logger) -> list[dict]:
                 logger=logger,
                 worker_preload=TASK_PRELOAD,
                 forkserver_preload=INFER_FORKSERVER_PRELOAD,
+                stage_modules=stage_modules(todo),
             )
 
         with DaskExecutor(open_runner, logger, infer=True) as executor:

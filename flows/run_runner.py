@@ -19,7 +19,8 @@ from prefect import flow, get_run_logger
 from espnet3_prefect.execution.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import check_writable
-from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, TASK_PRELOAD, DaskExecutor, take_run_lock
+from espnet3_prefect.flows.dispatch import DaskExecutor, take_run_lock
+from espnet3_prefect.flows.workers import FORKSERVER_PRELOAD, TASK_PRELOAD
 from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.report import format_summary, quiet_console, summary_rows
 

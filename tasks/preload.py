@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
+
+from espnet3_prefect.execution.backends.forkserver import STAGE_MODULES_VAR
 
 #: imported by :func:`warm_up`: the worker side of the task runner, the Prefect task engine (imported
 #: lazily by the first task run) and every task module a worker runs
@@ -36,24 +39,43 @@ MODULES = (
 WARMED = "espnet3_prefect_warmed"
 
 
-def warm_up() -> list[str]:
+def warm_up(stage_modules: tuple[str, ...] = ()) -> list[str]:
     """Import :data:`MODULES` (with the collector paused, it only slows importing down) and freeze what
     exists now out of later collections. On the main thread, so ``dask_jobqueue`` (imported by
-    espnet3's classes) may install its signal handler. Returns the modules imported by this call."""
+    espnet3's classes) may install its signal handler. Returns the modules imported by this call.
+    ``stage_modules`` (the fork server's: :func:`stage_modules_to_import`) are imported first, each
+    where it can: one that fails is left to the worker's own import, where its error is reported."""
     from espnet3_prefect.execution.rundir import preload_on_main_thread
 
     missing = [name for name in MODULES if name not in sys.modules]
+    imported = []
     enabled = gc.isenabled()
     gc.disable()
     try:
         preload_on_main_thread()
+        for name in (n for n in stage_modules if n not in sys.modules):
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the worker imports it again and reports what fails
+                continue
+            imported.append(name)
         for name in missing:
             importlib.import_module(name)
     finally:
         if enabled:
             gc.enable()
     gc.freeze()
-    return missing
+    return imported + missing
+
+
+def stage_modules_to_import(environ=None) -> tuple[str, ...]:
+    """The stage modules the driver named for the fork server (:data:`STAGE_MODULES_VAR`).
+
+    >>> stage_modules_to_import({STAGE_MODULES_VAR: "espnet2.bin.asr_inference,my_recipe.model"})
+    ('espnet2.bin.asr_inference', 'my_recipe.model')
+    """
+    value = (os.environ if environ is None else environ).get(STAGE_MODULES_VAR, "")
+    return tuple(name for name in value.split(",") if name)
 
 
 def dask_setup(worker) -> None:

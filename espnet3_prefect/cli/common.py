@@ -133,6 +133,7 @@ def run_stage(
     show: Callable[[Any], None],
     settled: Callable[[], Any] | None = None,
     writers: Callable[[], list[str]] | None = None,
+    starting: Callable[[], Callable[[dict], None]] | None = None,
 ) -> int:
     """Validate (every config error before any server starts), then run the flow with a Prefect API
     (``$PREFECT_API_URL`` or the embedded server), then print what it returned.
@@ -140,7 +141,8 @@ def run_stage(
     ``settled``, when given, answers without a server: it returns what ``run`` would (e.g. every test
     set already done and verified), or None when there is work. With ``--keep-server`` a settled stage
     starts the server and points at the flow runs that wrote its outputs (``writers``: their ids,
-    the finishing one last); without ``writers``, or none recorded, it runs the flow."""
+    the finishing one last); without ``writers``, or none recorded, it runs the flow. ``starting``,
+    when given, makes the hook that runs beside the server's start (``prefect_api(starting=...)``)."""
     if getattr(args, "verbose", False):
         from espnet3_prefect.pipeline.report import VERBOSE_ENV
 
@@ -158,7 +160,12 @@ def run_stage(
     api_url = None
     try:
         with prefect_api(
-            args.state_dir, keep=args.keep_server, host=args.server_host, auth=args.server_auth, tls=args.server_tls
+            args.state_dir,
+            keep=args.keep_server,
+            host=args.server_host,
+            auth=args.server_auth,
+            tls=args.server_tls,
+            starting=starting() if starting is not None and result is None else None,
         ) as api_url:
             print(describe_api(api_url), file=sys.stderr)
             result = run()  # flows are imported by ``run``, once the API is set

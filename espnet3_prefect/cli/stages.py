@@ -86,6 +86,7 @@ def run_infer(args: argparse.Namespace) -> int:
     config, overrides = infer_input(args)
     prepared = []
     done = []
+    specs = []
 
     def validate():
         from espnet3_prefect.config.load import load_config_input
@@ -97,6 +98,7 @@ def run_infer(args: argparse.Namespace) -> int:
         cfg = load_config_input(config, overrides)
         spec, stages = prepare_stages(cfg)
         preflight(spec)
+        specs.append(spec)
         prepared.extend(stages)
         done.append(all_complete(stages))
         if done[0] is None:  # work to do: the demo's data, then input_key, before a server starts
@@ -121,7 +123,12 @@ def run_infer(args: argparse.Namespace) -> int:
 
         return writer_runs(stage.out_dir for stage in prepared)
 
-    return run_stage(args, validate=validate, run=run, show=show, settled=settled, writers=writers)
+    def starting():
+        from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, fork_server_beside
+
+        return fork_server_beside(specs[0], prepared, INFER_FORKSERVER_PRELOAD)
+
+    return run_stage(args, validate=validate, run=run, show=show, settled=settled, writers=writers, starting=starting)
 
 
 def run_metrics(args: argparse.Namespace) -> int:

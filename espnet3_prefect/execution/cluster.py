@@ -37,6 +37,7 @@ from typing import Any
 
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
 from espnet3_prefect.execution import backends
+from espnet3_prefect.execution.backends import forkserver
 from espnet3_prefect.execution.backends.base import Backend, ClusterContext
 from espnet3_prefect.execution.backends.jobs import current_flow_run_id, run_job_name, run_tag, tag_of
 from espnet3_prefect.execution.backends.tls import RunCertificates
@@ -52,13 +53,15 @@ def open_task_runner(
     logger,
     worker_preload: tuple[str, ...] = (),
     forkserver_preload: tuple[str, ...] = (),
+    stage_modules: tuple[str, ...] = (),
 ) -> Iterator[Any]:
     """The flow's ``DaskTaskRunner``, started; batch jobs watched and always cleaned up.
 
     ``log_root`` is the inference dir (the default job logs go under it). ``worker_preload``: modules
     each worker imports while it starts, on the backends that take a ``preload`` (see
     :class:`~espnet3_prefect.execution.backends.base.ClusterContext`); ``forkserver_preload``: modules imported
-    once in the fork server that ``env: local`` workers are forked from. For a running
+    once in the fork server that ``env: local`` workers are forked from, and ``stage_modules`` (the
+    stage's own, each where it can: :func:`start_fork_server`). For a running
     scheduler (``address``) and the local backends this is the plain runner of
     :func:`build_task_runner`. On every backend a failure to close the cluster after another
     error (workers too slow to stop) is logged, never raised in place of that error.
@@ -66,11 +69,34 @@ def open_task_runner(
     backend = None if spec.address else backends.get(spec.env)
     certificates: list[RunCertificates] = []
     try:
-        with _opened(spec, backend, log_root, logger, certificates, worker_preload, forkserver_preload) as runner:
+        fork = (forkserver_preload, stage_modules)
+        with _opened(spec, backend, log_root, logger, certificates, worker_preload, fork) as runner:
             yield runner
     finally:
         for certs in certificates:
             certs.remove()
+
+
+def start_fork_server(
+    spec: ParallelSpec,
+    forkserver_preload: tuple[str, ...],
+    stage_modules: tuple[str, ...] = (),
+    environ: dict[str, str] | None = None,
+) -> bool:
+    """Start now the fork server that ``env: local`` / ``local_gpu`` workers will be forked from
+    (:mod:`~espnet3_prefect.execution.backends.forkserver`), with ``forkserver_preload`` and the stage's
+    ``stage_modules``; ``environ``: variables it starts with beside this process's (the run's
+    ``PREFECT_HOME``). It imports in its own process, beside whatever this one does next (waiting
+    for a Prefect server to start); the run's cluster finds it running. False, and nothing started,
+    on the other backends. Not for a stage with nothing to run: it costs a core for seconds.
+    """
+    backend = None if spec.address else backends.get(spec.env)
+    if backend is None or backend.batch or not forkserver_preload:
+        return False
+    context = ClusterContext(
+        forkserver_preload=forkserver_preload, stage_modules=stage_modules, forkserver_environ=environ
+    )
+    return bool(backend.dask_settings(spec, context).get(forkserver.METHOD_KEY))
 
 
 def _certificates(
@@ -97,13 +123,13 @@ def _opened(
     logger,
     made: list,
     worker_preload: tuple[str, ...],
-    forkserver_preload: tuple[str, ...] = (),
+    fork: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
 ) -> Iterator[Any]:
     if backend is None or not backend.batch:
         job_name = run_job_name(spec.options.get("job_name"), current_flow_run_id())
         certs = _certificates(spec, backend, job_name, None, made, logger)
         context = ClusterContext(
-            certificates=certs, worker_preload=worker_preload, forkserver_preload=forkserver_preload
+            certificates=certs, worker_preload=worker_preload, forkserver_preload=fork[0], stage_modules=fork[1]
         )
         with _dask_settings(backend, spec, context), _entered(build_task_runner(spec, context), logger) as runner:
             if backend is not None and backend.start_at_once:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from espnet3_prefect._internal.util import CLIENT_FILE_VAR
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
+from espnet3_prefect.server.state_home import CLIENT_HOME_DIR
 
 CLIENT_FILE_NAME = "api-client.json"
 AUTH_USER = "espnet3"
@@ -271,7 +272,7 @@ def exported_client_env(creds: ClientCredentials, home: Path | None = None) -> d
     if creds.source:
         env[CLIENT_FILE_VAR] = creds.source
     if home is not None:
-        env["PREFECT_HOME"] = str(Path(home) / "client_home")
+        env["PREFECT_HOME"] = str(Path(home) / CLIENT_HOME_DIR)
     return env
 
 

@@ -22,9 +22,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive
@@ -32,10 +31,7 @@ from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.port import project_port, remember_port
 from espnet3_prefect.server.process import healthy, start_server, stop_server
-from espnet3_prefect.server.state_home import state_dir
-
-if TYPE_CHECKING:
-    pass
+from espnet3_prefect.server.state_home import CLIENT_HOME_DIR, state_dir
 
 log = logging.getLogger("espnet3_prefect")
 
@@ -73,6 +69,7 @@ def prefect_api(
     host: str | None = None,
     auth: bool | None = None,
     tls: bool | None = None,
+    starting: Callable[[dict[str, str]], None] | None = None,
 ) -> Iterator[str]:
     """Yield a Prefect API URL: ``$PREFECT_API_URL``, else a running embedded server, else a new one.
 
@@ -83,6 +80,9 @@ def prefect_api(
     else 127.0.0.1): where a new server listens; off loopback it asks for basic auth (``auth``: force
     it on loopback too; ``False`` off loopback is refused), see :mod:`espnet3_prefect.server.auth`, and
     serves HTTPS (``tls``: force it on loopback too, ``False``: plain HTTP), see :mod:`espnet3_prefect.server.https`.
+    ``starting``, when given, is called once the API is chosen and before a new server is waited for,
+    with the ``PREFECT_HOME`` this process will export (``{}`` for ``$PREFECT_API_URL``): work that
+    needs no API yet (the fork server of the local workers) runs beside the server's start.
 
     >>> with prefect_api("/tmp/e3p-doc") as url:   # doctest: +SKIP
     ...     print(url)
@@ -100,6 +100,7 @@ def prefect_api(
             raise Espnet3PrefectError(
                 f"{asked}: PREFECT_API_URL is set, so no embedded server starts; unset it or drop {asked.split()[0]}"
             )
+        _beside_the_start(starting, {})
         with exported(external_client(lambda: state_dir(home))):
             yield os.environ["PREFECT_API_URL"]
         return
@@ -111,6 +112,7 @@ def prefect_api(
     me = home / "users" / str(os.getpid())
     me.touch()
     try:
+        _beside_the_start(starting, {"PREFECT_HOME": str(home / CLIENT_HOME_DIR)})
         info = running_server(home)
         if info is None:
             info = start_recorded(
@@ -139,6 +141,17 @@ def prefect_api(
                 _left_running[home] = info
             else:
                 _stop(home, info)
+
+
+def _beside_the_start(starting: Callable[[dict[str, str]], None] | None, environ: dict[str, str]) -> None:
+    """``starting(environ)``, which only saves time: what fails there fails again, with its own
+    message, where the run needs it (the flow opening its cluster)."""
+    if starting is None:
+        return
+    try:
+        starting(environ)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("started nothing beside the server's start: %s", exc)
 
 
 #: nesting depth of :func:`one_server` in this process, and the servers left running meanwhile

@@ -16,6 +16,8 @@ DEFAULT_STATE_DIR = ".e3p/prefect"
 """The default state dir, relative to the project folder (:func:`project_folder`)."""
 PREFECT_HOME_DIR = "prefect_home"
 """Prefect's own home (``PREFECT_HOME``: its database, settings) inside a state dir."""
+CLIENT_HOME_DIR = "client_home"
+"""The ``PREFECT_HOME`` of the processes that use the embedded server (the run, its workers) inside a state dir."""
 STATE_DIR_HELP = (
     "embedded server state (default $ESPNET3_PREFECT_HOME, else .e3p/prefect in the git "
     "checkout of the current folder, else in the current folder)"

@@ -15,7 +15,7 @@ from distributed.comm.core import CommClosedError
 from espnet3_prefect.execution.backends import forkserver
 from espnet3_prefect.execution.cluster import open_task_runner
 from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.flows.dispatch import FORKSERVER_PRELOAD, TASK_PRELOAD
+from espnet3_prefect.flows.workers import FORKSERVER_PRELOAD, TASK_PRELOAD
 from espnet3_prefect.tasks import preload
 
 USER_PRELOAD = """
@@ -127,7 +127,7 @@ import logging, os, sys, tempfile
 from pathlib import Path
 from espnet3_prefect.execution.cluster import open_task_runner
 from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.flows.dispatch import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD
+from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD
 
 def seen(dask_worker):
     return {"torch": "torch" in sys.modules, "pid": os.getpid(), "ppid": os.getppid()}
@@ -165,3 +165,68 @@ def test_infer_workers_fork_with_torch_imported_once_in_the_fork_server(tmp_path
     assert lines["DRIVER_TORCH"] == "False"  # only the fork server imported it
     assert lines["WORKERS"] == "[True, True] 2 1"  # two processes, one parent, torch already there
     assert lines["RESULT"] == "3.0"
+
+
+EARLY_FORK_SERVER = """
+import logging, os, sys, tempfile
+from pathlib import Path
+from espnet3_prefect.execution.cluster import open_task_runner, start_fork_server
+from espnet3_prefect.execution.spec import ParallelSpec
+from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD
+
+def seen(dask_worker):
+    ok = sys.modules.get("stage_ok")
+    return {"ok_from": getattr(ok, "IMPORTED_IN", None), "ppid": os.getppid(), "bad": "stage_bad" in sys.modules,
+            "home": os.environ.get("PREFECT_HOME")}
+
+if __name__ == "__main__":
+    spec = ParallelSpec.from_config({"env": "local", "n_workers": 2, "options": {"dashboard_address": None}})
+    home = sys.argv[1]
+    # as a front door does it: before any Prefect API is set, beside the server's start
+    started = start_fork_server(spec, INFER_FORKSERVER_PRELOAD, ("stage_bad", "stage_ok"), {"PREFECT_HOME": home})
+    print("STARTED", started)
+    print("DRIVER", "stage_ok" in sys.modules, "prefect" in sys.modules)
+    os.environ["PREFECT_HOME"] = home + "-run"  # what the run exports once the API is set
+    with tempfile.TemporaryDirectory() as tmp, open_task_runner(
+        spec, log_root=Path(tmp), logger=logging.getLogger("t"),
+        worker_preload=TASK_PRELOAD, forkserver_preload=INFER_FORKSERVER_PRELOAD,
+    ) as runner:
+        runner.client.wait_for_workers(2)
+        states = list(runner.client.run(seen).values())
+        print("FROM_PARENT", sorted(s["ok_from"] == s["ppid"] for s in states), len({s["ppid"] for s in states}))
+        print("BAD", sorted(s["bad"] for s in states))
+        print("HOME", sorted({s["home"] == home + "-run" for s in states}))
+"""
+
+
+@pytest.mark.slow
+def test_a_fork_server_started_before_the_api_imports_the_stage_modules_once(tmp_path):
+    """The front doors start the fork server beside the Prefect server's start (``start_fork_server``):
+    the stage's modules are imported there, once, before any worker exists (a module that fails to
+    import there does not stop it: the worker imports it itself); the workers forked later take the
+    driver's environment of then; Prefect's home of the fork server is the run's, not ``~/.prefect``."""
+    import subprocess
+
+    (tmp_path / "stage_ok.py").write_text("import os\nIMPORTED_IN = os.getpid()\n")
+    (tmp_path / "stage_bad.py").write_text("raise RuntimeError('not importable in a fork server')\n")
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_FORK_SERVER)
+    user_home = tmp_path / "user"
+    user_home.mkdir()
+    env = {
+        **os.environ,
+        "HOME": str(user_home),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("PREFECT_HOME", None)
+    env.pop("PREFECT_API_URL", None)
+    home = tmp_path / "client_home"
+    out = subprocess.run([sys.executable, str(script), str(home)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert lines["STARTED"] == "True"
+    assert lines["DRIVER"] == "False False"  # the driver imported neither: the fork server did
+    assert lines["FROM_PARENT"] == "[True, True] 1"  # imported once, in the one parent of both workers
+    assert lines["BAD"] == "[False, False]"
+    assert lines["HOME"] == "[True]"  # the run's environment, handed over at the fork
+    assert home.is_dir() and not (user_home / ".prefect").exists()

@@ -8,7 +8,7 @@ import sys
 
 from espnet3_prefect.execution.cluster import open_task_runner
 from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.flows.dispatch import TASK_PRELOAD
+from espnet3_prefect.flows.workers import TASK_PRELOAD
 from espnet3_prefect.tasks import preload
 
 

@@ -71,7 +71,10 @@ class ClusterContext:
     a Dask preload while it starts (the flows' task modules; backends whose workers take
     ``preload`` use it, the others ignore it). ``forkserver_preload``: modules a fork server
     imports once for all of this machine's workers (``env: local``, :mod:`.forkserver`); empty:
-    each worker starts as a fresh interpreter (Dask's ``spawn``).
+    each worker starts as a fresh interpreter (Dask's ``spawn``). ``stage_modules``: the modules of
+    the stage's own classes (its provider, runner, model, dataset) that the fork server imports
+    too, each where it can (:data:`.forkserver.STAGE_MODULES_VAR`); ``forkserver_environ``: variables
+    the fork server starts with beside this process's (e.g. the ``PREFECT_HOME`` the run will export).
     """
 
     job_name: str = PREVIEW_JOB_NAME
@@ -81,6 +84,8 @@ class ClusterContext:
     certificates: RunCertificates | None = None
     worker_preload: tuple[str, ...] = ()
     forkserver_preload: tuple[str, ...] = ()
+    stage_modules: tuple[str, ...] = ()
+    forkserver_environ: Mapping[str, str] | None = None
 
 
 def exported_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -31,6 +31,9 @@ from collections.abc import Iterable, Mapping
 METHOD_KEY = "distributed.worker.multiprocessing-method"
 #: names of the variables a worker keeps (set by :func:`worker_environ`, read by :func:`adopt_environ`)
 KEYS_VAR = "ESPNET3_PREFECT_WORKER_ENV_KEYS"
+#: the stage's modules the fork server imports (comma-separated, set by :func:`start` for the server
+#: only; read by its preload, :func:`espnet3_prefect.tasks.preload.stage_modules_to_import`)
+STAGE_MODULES_VAR = "ESPNET3_PREFECT_STAGE_MODULES"
 _LOCK = threading.Lock()
 _preloaded: tuple[str, ...] | None = None
 
@@ -49,11 +52,18 @@ def pre_spawn_environ() -> dict[str, str]:
     return {k: os.environ.get(k, str(v)) for k, v in wanted.items() if v is not None}
 
 
-def start(modules: Iterable[str]) -> bool:
+def start(modules: Iterable[str], stage_modules: Iterable[str] = (), environ: Mapping[str, str] | None = None) -> bool:
     """Start this process's fork server with ``modules`` imported in it (once per process: a running
-    one is reused, and restarted by Python if it died). True when workers can fork from it."""
+    one is reused, and restarted by Python if it died). True when workers can fork from it.
+
+    Python imports ``modules`` itself (one that is not installed is skipped). ``stage_modules`` (a
+    stage's own classes) reach the server's preload through :data:`STAGE_MODULES_VAR`, which imports
+    each where it can: a module that fails there is imported, and fails, in the worker as before.
+    ``environ``: variables the server starts with beside this process's (this process keeps its own).
+    It returns at once: the server imports in its own process, beside what this one does next."""
     global _preloaded
     modules = tuple(modules)
+    stage_modules = tuple(stage_modules)
     with _LOCK:
         from multiprocessing import forkserver
 
@@ -62,7 +72,10 @@ def start(modules: Iterable[str]) -> bool:
             _preloaded = modules
             _keep_dask_from_preloading()
         saved = {}
-        for name, value in pre_spawn_environ().items():  # only while the server starts: not for the driver
+        extra = {**(environ or {}), **pre_spawn_environ()}
+        if stage_modules:
+            extra[STAGE_MODULES_VAR] = ",".join(stage_modules)
+        for name, value in extra.items():  # only while the server starts: not for the driver
             saved[name] = os.environ.get(name)
             os.environ[name] = value
         try:

@@ -44,7 +44,7 @@ class LocalBackend(Backend):
             import dask
 
             with dask.config.set(settings):
-                forkserver.start(context.forkserver_preload)
+                forkserver.start(context.forkserver_preload, context.stage_modules, context.forkserver_environ)
             settings = {**settings, **forkserver.settings()}
         return settings
 
