@@ -19,8 +19,10 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from espnet3_prefect.tasks import preload  # imports no Prefect
+
 #: what every worker imports while it starts (``open_task_runner(..., worker_preload=TASK_PRELOAD)``)
-TASK_PRELOAD = ("espnet3_prefect.tasks.preload",)
+TASK_PRELOAD = (preload.__name__,)
 #: what the fork server of ``env: local`` imports once for all local workers (``forkserver_preload=``)
 #: (named, not imported: importing it runs the warm-up, which belongs in the fork server only)
 FORKSERVER_PRELOAD = ("espnet3_prefect.tasks.forkserver_warm",)

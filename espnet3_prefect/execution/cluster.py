@@ -69,8 +69,9 @@ def open_task_runner(
     backend = None if spec.address else backends.get(spec.env)
     certificates: list[RunCertificates] = []
     try:
-        fork = (forkserver_preload, stage_modules)
-        with _opened(spec, backend, log_root, logger, certificates, worker_preload, fork) as runner:
+        with _opened(
+            spec, backend, log_root, logger, certificates, worker_preload, forkserver_preload, stage_modules
+        ) as runner:
             yield runner
     finally:
         for certs in certificates:
@@ -123,13 +124,17 @@ def _opened(
     logger,
     made: list,
     worker_preload: tuple[str, ...],
-    fork: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
+    forkserver_preload: tuple[str, ...] = (),
+    stage_modules: tuple[str, ...] = (),
 ) -> Iterator[Any]:
     if backend is None or not backend.batch:
         job_name = run_job_name(spec.options.get("job_name"), current_flow_run_id())
         certs = _certificates(spec, backend, job_name, None, made, logger)
         context = ClusterContext(
-            certificates=certs, worker_preload=worker_preload, forkserver_preload=fork[0], stage_modules=fork[1]
+            certificates=certs,
+            worker_preload=worker_preload,
+            forkserver_preload=forkserver_preload,
+            stage_modules=stage_modules,
         )
         with _dask_settings(backend, spec, context), _entered(build_task_runner(spec, context), logger) as runner:
             if backend is not None and backend.start_at_once:
