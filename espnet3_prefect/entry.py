@@ -134,7 +134,7 @@ def run(
     }
     job = prepare_job(runner, indices, parallel, control)
     importable_from_workers()
-    return _on_api(lambda: _runner_flow(job)(job=job))
+    return _on_api(lambda: _runner_flow(job)(job=job), starting=_runner_workers_beside(job))
 
 
 def call_runner(runner: Any, indices: Iterable[int]) -> Any:
@@ -149,6 +149,17 @@ def call_runner(runner: Any, indices: Iterable[int]) -> Any:
 
 
 set_call_handler(call_runner)
+
+
+def _runner_workers_beside(job: RunnerJob) -> Callable[[dict], None] | None:
+    """The local workers' fork server, started beside the server's start, for a job with a shard
+    to run (a shard without its done marker, or ``resume: false``); None when all are there."""
+    from espnet3_prefect.flows.workers import FORKSERVER_PRELOAD, fork_server_beside
+
+    layout = job.stage.layout
+    if job.stage.resume and all(layout.done(shard.index).is_file() for shard in job.shards):
+        return None
+    return fork_server_beside(job.spec, [job.stage], FORKSERVER_PRELOAD)
 
 
 def _runner_flow(job: RunnerJob):

@@ -20,7 +20,7 @@ from espnet3_prefect.execution.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import check_writable
 from espnet3_prefect.flows.dispatch import DaskExecutor, take_run_lock
-from espnet3_prefect.flows.workers import FORKSERVER_PRELOAD, TASK_PRELOAD
+from espnet3_prefect.flows.workers import FORKSERVER_PRELOAD, TASK_PRELOAD, stage_modules
 from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.report import format_summary, quiet_console, summary_rows
 
@@ -49,6 +49,7 @@ def run_runner(job: Any) -> Any:
             logger=logger,
             worker_preload=TASK_PRELOAD,
             forkserver_preload=FORKSERVER_PRELOAD,
+            stage_modules=stage_modules([stage]),
         )
 
     def before_start():

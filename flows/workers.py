@@ -34,9 +34,10 @@ INFER_FORKSERVER_PRELOAD = ("torch", *FORKSERVER_PRELOAD)
 
 
 def stage_modules(stages: Iterable[Any]) -> tuple[str, ...]:
-    """The modules of the stages' classes that this process has imported: each ``_target_`` of a
-    stage's config (its longest dotted prefix that is an imported module) and the modules of its
-    runner and of its provider's worker setup function, first seen first. Only modules already
+    """The modules of the stages' classes that this process has imported: each ``_target_`` (and
+    ESPnet3's ``task`` class path) of a stage's config and of its runner's provider's config (its
+    longest dotted prefix that is an imported module), and the modules of its runner, of that
+    provider and of its provider's worker setup function, first seen first. Only modules already
     imported here are named, so the fork server imports nothing the driver did not (a worker
     imports them anyway to build its env). None where this process sees a CUDA device: a module
     that touches CUDA as it is imported (``torch.cuda.is_available()`` at its top) would leave the
@@ -53,9 +54,11 @@ def stage_modules(stages: Iterable[Any]) -> tuple[str, ...]:
         return ()
     found: dict[str, None] = {}
     for stage in stages:
-        paths = [resolve_target(p) for p in _targets(stage.config)]
+        provider = getattr(stage.runner, "provider", None)  # a run-runner stage's: its config holds the targets
+        configs = (stage.config, getattr(provider, "config", None))
+        paths = [resolve_target(p) for config in configs for p in _targets(config)]
         builder = getattr(stage, "builder", None)
-        for obj in (stage.runner, getattr(builder, "setup_fn", None)):  # the provider's setup function
+        for obj in (stage.runner, provider, getattr(builder, "setup_fn", None)):  # the provider's setup function
             paths.append(f"{getattr(obj, '__module__', None) or ''}.x")
         for path in paths:
             module = path.rpartition(".")[0]
@@ -79,7 +82,7 @@ def _targets(config: Any) -> list[str]:
     if isinstance(config, (DictConfig, ListConfig)):
         config = OmegaConf.to_container(config, resolve=False)
     if isinstance(config, dict):
-        own = [config["_target_"]] if isinstance(config.get("_target_"), str) else []
+        own = [config[key] for key in ("_target_", "task") if isinstance(config.get(key), str)]
         return own + [t for value in config.values() for t in _targets(value)]
     if isinstance(config, list):
         return [t for value in config for t in _targets(value)]

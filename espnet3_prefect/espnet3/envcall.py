@@ -17,6 +17,16 @@ def _accepts(fn: Callable) -> tuple[frozenset[str], bool]:
     return names, any(p.kind == p.VAR_KEYWORD for p in params)
 
 
+@lru_cache(maxsize=256)
+def _positional_count(fn: Callable) -> int | None:
+    """How many positional arguments ``fn`` takes; None when it takes ``*args``. Cached: the shard loop
+    calls a writer hook once per item, and ``inspect.signature`` cost ~0.1 ms each time."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
 def call_with_env(fn: Callable, *args: Any, env: Mapping[str, Any], **explicit: Any) -> Any:
     """Call ``fn(*args, **explicit, **<env entries it accepts>)``.
 
@@ -46,10 +56,9 @@ def call_hook(fn: Callable, *args: Any, env: Mapping[str, Any], **explicit: Any)
     >>> call_hook(close_writers, {"a": 1}, {"state": 1}, env={"model": None}, shard_id=0)
     ['a']
     """
-    params = inspect.signature(fn).parameters.values()
-    if not any(p.kind == p.VAR_POSITIONAL for p in params):
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        args = args[: len(positional)]
+    positional = _positional_count(fn)
+    if positional is not None:
+        args = args[:positional]
         names, takes_all = _accepts(fn)
         explicit = {k: v for k, v in explicit.items() if takes_all or k in names}
     return call_with_env(fn, *args, env=env, **explicit)

@@ -35,6 +35,8 @@ from typing import Any
 
 #: units (batches, or items when batch_size is null) read ahead of the one forward works on
 DEFAULT_PREFETCH = 2
+#: units after which a shard that waited longer than its reads took reads in place (:meth:`Prefetcher.advance`)
+WORTH_IT_AFTER_UNITS = 16
 
 _ACTIVE: dict[int, Prefetcher] = {}  # id(view) -> its prefetcher, while its shard runs
 _VIEW_TYPES: dict[type, type | None] = {}
@@ -202,7 +204,12 @@ class Prefetcher:
 
     # -- the shard loop's thread ------------------------------------------------------------------
     def advance(self, position: int) -> None:
-        """Make unit ``position``'s read-ahead items the ones ``forward`` is served next."""
+        """Make unit ``position``'s read-ahead items the ones ``forward`` is served next.
+
+        From unit :data:`WORTH_IT_AFTER_UNITS` on, when the loop has waited longer for read-ahead items
+        than the thread took to read them, the rest of the shard is read in place, quietly: a forward
+        holding the GIL (pure Python) makes each hand-over wait for the interpreter's switch interval
+        (0.06 s of reads, 0.6 s of waiting over 10,000 items). Values and order are the same."""
         self._buffer = {}
         if self._off:
             return
@@ -212,7 +219,7 @@ class Prefetcher:
                 got, fetched = self._queue.get()
                 if got == position:
                     self._buffer = fetched
-                    return
+                    break
                 if got == -1:
                     self._turn_off(f"its thread stopped ({type(fetched).__name__}: {fetched})")
                     return
@@ -221,6 +228,8 @@ class Prefetcher:
                     return
         finally:
             self.wait_s += time.perf_counter() - started
+        if position >= WORTH_IT_AFTER_UNITS and self.wait_s > self.thread_load_s:
+            self._turn_off("", quietly=True)
 
     def get(self, key: Any) -> Any:
         """``dataset[key]``: the read-ahead value when there is one left for ``key``, else read now."""
@@ -255,12 +264,12 @@ class Prefetcher:
         with self._lock:
             return self.dataset[key]
 
-    def _turn_off(self, why: str) -> None:
+    def _turn_off(self, why: str, quietly: bool = False) -> None:
         if self._off:
             return
         self._off = True
         self._stop.set()
-        if self.warn:
+        if self.warn and not quietly:
             self.warn(
                 f"prefetch turned off for the rest of this shard: {why}; set runner.prefetch: 0 "
                 f"if the dataset must be read from one thread"

@@ -33,3 +33,29 @@ def test_none_where_the_driver_sees_a_gpu(monkeypatch):
     assert stage_modules([_stage({"model": {"_target_": "json.decoder.JSONDecoder"}})]) == ()
     fake.cuda.is_available = lambda: False
     assert stage_modules([_stage({"model": {"_target_": "json.decoder.JSONDecoder"}})]) == ("json.decoder",)
+
+
+def test_a_runner_stage_names_its_runner_its_provider_and_the_providers_targets_and_task():
+    """``run-runner`` (collect_stats): the stage has no config; the runner's provider holds it, with
+    ESPnet3's ``task`` class path beside the ``_target_``s."""
+    import email.message  # noqa: F401 - imported, as the driver would have
+    import json.encoder  # noqa: F401
+
+    class Provider:
+        __module__ = "email.message"
+
+        def __init__(self):
+            self.config = OmegaConf.create(
+                {"task": "json.encoder.JSONEncoder", "dataset_config": {"_target_": "json.decoder.JSONDecoder"}}
+            )
+
+    class Runner:
+        __module__ = "json.scanner"
+
+        def __init__(self):
+            self.provider = Provider()
+
+    stage = types.SimpleNamespace(config=None, runner=Runner(), builder=None)
+    import json.scanner  # noqa: F401
+
+    assert stage_modules([stage]) == ("json.encoder", "json.decoder", "json.scanner", "email.message")

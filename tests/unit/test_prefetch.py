@@ -162,6 +162,58 @@ def test_a_read_failing_only_in_the_thread_turns_prefetch_off_and_changes_nothin
     assert set(later) == {"MainThread"}  # read in place after the switch
 
 
+def test_reads_cheaper_than_the_hand_over_go_back_in_place_quietly(tmp_path):
+    """A forward that holds the GIL (busy Python) and reads that cost nothing: each read-ahead item
+    waits for the interpreter to switch threads, so after WORTH_IT_AFTER_UNITS units the shard reads in
+    place, without a warning; values and order are those of prefetch off."""
+    import sys
+
+    from espnet3_prefect.pipeline.prefetch import WORTH_IT_AFTER_UNITS
+
+    class BusyRunner(RecordingRunner):
+        @classmethod
+        def forward(cls, idx, dataset=None, model=None, **kwargs):
+            end = time.perf_counter() + 0.001
+            while time.perf_counter() < end:
+                pass
+            return super().forward(idx, dataset=dataset, model=model, **kwargs)
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)  # the reader gets the GIL only when the loop blocks: every wait holds a read
+    try:
+        n, warnings = 3 * WORTH_IT_AFTER_UNITS, []
+        dataset = Recordings(n)
+        drive(BusyRunner, _units(n, None), _env(tmp_path / "a", dataset), 0, prefetch=1, log=warnings.append)
+    finally:
+        sys.setswitchinterval(before)
+    drive(BusyRunner, _units(n, None), _env(tmp_path / "b", Recordings(n)), 0, prefetch=0)
+    assert (tmp_path / "a/split.0/y.scp").read_bytes() == (tmp_path / "b/split.0/y.scp").read_bytes()
+    assert warnings == []
+    read_ahead = [i for i, thread in dataset.reads if thread == "e3p-prefetch"]
+    in_place = [i for i, thread in dataset.reads if thread == "MainThread"]
+    # the thread read the first units and at most two more (one queued, one in hand), dropped at the switch
+    assert (
+        read_ahead == list(range(len(read_ahead)))
+        and WORTH_IT_AFTER_UNITS < len(read_ahead) <= WORTH_IT_AFTER_UNITS + 3
+    )
+    assert in_place == list(range(WORTH_IT_AFTER_UNITS + 1, n))
+
+
+def test_reads_that_overlap_forward_stay_in_the_thread(tmp_path):
+    """Slow reads (5 ms, off the GIL) beside a slower forward (10 ms): read ahead to the end."""
+
+    class SleepyRunner(RecordingRunner):
+        @classmethod
+        def forward(cls, idx, dataset=None, model=None, **kwargs):
+            time.sleep(0.01)
+            return super().forward(idx, dataset=dataset, model=model, **kwargs)
+
+    dataset = Recordings(30, delay_s=0.005)
+    drive(SleepyRunner, _units(30, None), _env(tmp_path, dataset), 0, prefetch=2)
+    assert [i for i, _ in dataset.reads] == list(range(30))
+    assert {thread for _, thread in dataset.reads} == {"e3p-prefetch"}
+
+
 def test_datasets_without_a_safe_view_are_passed_through(tmp_path):
     class Slotted:
         __slots__ = ("items",)

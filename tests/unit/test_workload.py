@@ -192,3 +192,18 @@ def test_log_mel_does_not_depend_on_threads_and_npz_bytes_are_reproducible(tmp_p
     arrays = {"count": np.array(3), "sum": np.arange(3.0)}
     assert write_npz(tmp_path / "a.npz", arrays).read_bytes() == write_npz(tmp_path / "b.npz", arrays).read_bytes()
     assert np.load(tmp_path / "a.npz")["sum"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_run_starts_the_workers_fork_server_beside_the_server_only_with_a_shard_to_run(tmp_path):
+    """``entry.run``'s hook for the Prefect server's start: there while a shard has no done marker (or
+    ``resume`` is off), none once every shard is marked done (the flow then only merges)."""
+    runner = SquareRunner(LogProvider({}), 2, tmp_path)
+    job = prepare_job(runner, range(8), {"env": "local", "n_workers": 2, "num_shards": 2})
+    assert callable(entry._runner_workers_beside(job))
+    layout = job.stage.layout
+    for shard in job.shards:
+        layout.done(shard.index).parent.mkdir(parents=True, exist_ok=True)
+        layout.done(shard.index).write_text("{}")
+        assert (entry._runner_workers_beside(job) is None) == (shard is job.shards[-1])
+    runner.resume = False
+    assert callable(entry._runner_workers_beside(prepare_job(runner, range(8), {"env": "local", "num_shards": 2})))
