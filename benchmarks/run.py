@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from . import baselines, mini_an4, orchestration, synthetic
+from . import baselines, cli_runs, mini_an4, orchestration, synthetic
 from .data_groups import balance, prefetch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,6 +174,22 @@ def resume_after_kill(s: Suite) -> tuple[float, int, float]:
     return full, killed, resumed if first_part else resumed
 
 
+def cli(s: Suite) -> None:
+    """1b: ``espnet3-prefect infer`` on a running server / the plain-Dask design, fresh processes in turns."""
+    from espnet3_prefect.pipeline.plan import default_num_shards
+
+    times = cli_runs.compare(s.work, s.n, default_num_shards(s.n, 2), rounds=1 if s.quick else 2)
+    ours, plain = min(times["cli"]), min(times["plain"])
+    s.record(
+        "cli",
+        "espnet3-prefect infer (fresh process, running server) / plain Dask (fresh process)",
+        ours / plain,
+        "<= 1.10",
+        f"best of {len(times['cli'])}: {ours:.2f} s vs {plain:.2f} s; all: CLI "
+        f"{', '.join(f'{t:.2f}' for t in times['cli'])}, plain {', '.join(f'{t:.2f}' for t in times['plain'])}",
+    )
+
+
 def scaling(s: Suite) -> None:
     """2: parallel efficiency 1 -> 2 workers (CPU-bound), and wall time vs items (linear?)."""
     one, _ = s.infer("w1", s.n, COST_MS, 1)
@@ -321,13 +337,25 @@ def main() -> None:
         "--only",
         nargs="*",
         default=None,
-        choices=["overhead", "scaling", "workers", "mini_an4", "shards", "prefetch", "balance", "memory", "merge"],
+        choices=[
+            "overhead",
+            "cli",
+            "scaling",
+            "workers",
+            "mini_an4",
+            "shards",
+            "prefetch",
+            "balance",
+            "memory",
+            "merge",
+        ],
     )
     args = parser.parse_args()
     from espnet3_prefect.server.embedded import prefect_api
 
     steps = {
         "overhead": overhead_and_resume,
+        "cli": cli,
         "scaling": scaling,
         "workers": worker_start,
         "mini_an4": real_recipe,
