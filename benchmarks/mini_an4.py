@@ -1,5 +1,6 @@
 """ESPnet's own mini_an4 recipe (real ESPnet 202611, a one-step model): ``infer`` + ``measure`` on 2
-Dask workers, upstream's ``python run.py`` against ours (``espnet3-prefect run``), same flags.
+Dask workers, upstream's ``python run.py`` against ours (``espnet3-prefect run``), same flags; and
+``collect_stats`` on 2 workers (``conf/training_asr_streaming_parallel.yaml``, the mini_an4 tests'), the same way.
 
 Needs the real-ESPnet layer: ``.venv-espnet`` (``bash scripts/real_espnet_setup.sh``) and a recipe
 folder the mini_an4 tests trained (``E3P_REALESPNET_WORKDIR=<folder> .venv-espnet/bin/python -m pytest
@@ -72,10 +73,27 @@ def one_run(recipe: Path, side: str, name: str) -> float:
     return time.perf_counter() - started
 
 
-def compare(recipe: Path, rounds: int = 2) -> dict[str, list[float]]:
+COLLECT_STATS = ["--stages", "collect_stats", "--training_config", "conf/training_asr_streaming_parallel.yaml"]
+
+
+def one_collect_stats(recipe: Path, side: str) -> float:
+    """Seconds of one ``collect_stats`` by ``side`` into a fresh stats folder (the config's ``stats_dir``)."""
+    shutil.rmtree(recipe / "exp" / "stats_parallel", ignore_errors=True)
+    cmd = (
+        [str(VENV / "bin" / "python"), "run.py"]
+        if side == "upstream"
+        else [str(VENV / "bin" / "espnet3-prefect"), "run"]
+    )
+    started = time.perf_counter()
+    subprocess.run([*cmd, *COLLECT_STATS], cwd=recipe, env=_environ(recipe), check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def compare(recipe: Path, rounds: int = 2, collect_stats: bool = False) -> dict[str, list[float]]:
     """Both sides in turns (load from other processes falls on both alike)."""
     times: dict[str, list[float]] = {"upstream": [], "ours": []}
     for i in range(rounds):
         for side in ("upstream", "ours") if i % 2 == 0 else ("ours", "upstream"):
-            times[side].append(one_run(recipe, side, f"inference_bench_{side}"))
+            run = one_collect_stats(recipe, side) if collect_stats else one_run(recipe, side, f"inference_bench_{side}")
+            times[side].append(run)
     return times
