@@ -122,13 +122,27 @@ def test_worker_environ_names_every_variable_it_hands_over():
     assert env["X"] == "1"
 
 
-INFER_WORKERS = """
-import logging, os, sys, tempfile
+DRIVER = """
+import contextlib, logging, os, sys, tempfile
 from pathlib import Path
-from espnet3_prefect.execution.cluster import open_task_runner
+from espnet3_prefect.execution.cluster import open_task_runner, start_fork_server
 from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD
 
+@contextlib.contextmanager
+def infer_workers(spec):
+    # the infer flow's local workers, forked from this process's fork server, once all are up
+    with tempfile.TemporaryDirectory() as tmp, open_task_runner(
+        spec, log_root=Path(tmp), logger=logging.getLogger("t"),
+        worker_preload=TASK_PRELOAD, forkserver_preload=INFER_FORKSERVER_PRELOAD,
+    ) as runner:
+        runner.client.wait_for_workers(spec.n_workers)
+        yield runner
+"""
+
+INFER_WORKERS = (
+    DRIVER
+    + """
 def seen(dask_worker):
     return {"torch": "torch" in sys.modules, "pid": os.getpid(), "ppid": os.getppid()}
 
@@ -138,17 +152,14 @@ def uses_torch():
 
 if __name__ == "__main__":
     spec = ParallelSpec.from_config({"env": "local", "n_workers": 2, "options": {"dashboard_address": None}})
-    with tempfile.TemporaryDirectory() as tmp, open_task_runner(
-        spec, log_root=Path(tmp), logger=logging.getLogger("t"),
-        worker_preload=TASK_PRELOAD, forkserver_preload=INFER_FORKSERVER_PRELOAD,
-    ) as runner:
-        runner.client.wait_for_workers(2)
+    with infer_workers(spec) as runner:
         states = list(runner.client.run(seen).values())
         print("DRIVER_TORCH", "torch" in sys.modules)
         pids, parents = {s["pid"] for s in states}, {s["ppid"] for s in states}
         print("WORKERS", sorted(s["torch"] for s in states), len(pids), len(parents))
         print("RESULT", runner.client.submit(uses_torch, pure=False).result())
 """
+)
 
 
 @pytest.mark.slow
@@ -167,13 +178,9 @@ def test_infer_workers_fork_with_torch_imported_once_in_the_fork_server(tmp_path
     assert lines["RESULT"] == "3.0"
 
 
-EARLY_FORK_SERVER = """
-import logging, os, sys, tempfile
-from pathlib import Path
-from espnet3_prefect.execution.cluster import open_task_runner, start_fork_server
-from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD
-
+EARLY_FORK_SERVER = (
+    DRIVER
+    + """
 def seen(dask_worker):
     ok = sys.modules.get("stage_ok")
     return {"ok_from": getattr(ok, "IMPORTED_IN", None), "ppid": os.getppid(), "bad": "stage_bad" in sys.modules,
@@ -187,16 +194,13 @@ if __name__ == "__main__":
     print("STARTED", started)
     print("DRIVER", "stage_ok" in sys.modules, "prefect" in sys.modules)
     os.environ["PREFECT_HOME"] = home + "-run"  # what the run exports once the API is set
-    with tempfile.TemporaryDirectory() as tmp, open_task_runner(
-        spec, log_root=Path(tmp), logger=logging.getLogger("t"),
-        worker_preload=TASK_PRELOAD, forkserver_preload=INFER_FORKSERVER_PRELOAD,
-    ) as runner:
-        runner.client.wait_for_workers(2)
+    with infer_workers(spec) as runner:
         states = list(runner.client.run(seen).values())
         print("FROM_PARENT", sorted(s["ok_from"] == s["ppid"] for s in states), len({s["ppid"] for s in states}))
         print("BAD", sorted(s["bad"] for s in states))
         print("HOME", sorted({s["home"] == home + "-run" for s in states}))
 """
+)
 
 
 @pytest.mark.slow
