@@ -7,32 +7,51 @@ import logging
 log = logging.getLogger("espnet3_prefect")
 
 
-def mark_task_run_crashed(task_run_id, message: str, *, task=None, name: str | None = None, flow_run_id=None) -> None:
+def mark_task_run_crashed(
+    task_run_id, message: str, *, task=None, name: str | None = None, flow_run_id=None, timeout_s: float = 15.0
+) -> None:
     """Set a task run whose worker was killed to Crashed (prefect#12968).
 
     Left Running if its events were sent, or never recorded at all if the worker died before
-    sending them: then it is created here, Crashed, under the same id and name.
+    sending them: then it is created here, Crashed, under the same id and name. The server may be
+    busy recording the dead worker's last events just then (its id can appear between our "not
+    found" and our create, a conflict), so the whole step is tried again for up to ``timeout_s``.
     """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    pause_s = 0.2
+    while True:
+        try:
+            _set_or_create_crashed(task_run_id, message, task=task, name=name, flow_run_id=flow_run_id)
+            return
+        except Exception as exc:  # reporting must not hide the shard's own failure
+            if time.monotonic() + pause_s > deadline:
+                log.warning("could not mark task run %s crashed: %s", task_run_id, exc)
+                return
+            log.debug("marking task run %s crashed, trying again: %s", task_run_id, exc)
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, 2.0)
+
+
+def _set_or_create_crashed(task_run_id, message: str, *, task, name, flow_run_id) -> None:
     from prefect import get_client
     from prefect.states import Crashed
 
-    try:
-        with get_client(sync_client=True) as client:
-            try:
-                client.set_task_run_state(task_run_id, Crashed(message=message), force=True)
-            except Exception as exc:
-                if not _not_found(exc) or task is None or flow_run_id is None:
-                    raise
-                client.create_task_run(
-                    task=task,
-                    flow_run_id=flow_run_id,
-                    dynamic_key=str(task_run_id),
-                    id=task_run_id,
-                    name=name,
-                    state=Crashed(message=message),
-                )
-    except Exception as exc:  # reporting must not hide the shard's own failure
-        log.warning("could not mark task run %s crashed: %s", task_run_id, exc)
+    with get_client(sync_client=True) as client:
+        try:
+            client.set_task_run_state(task_run_id, Crashed(message=message), force=True)
+        except Exception as exc:
+            if not _not_found(exc) or task is None or flow_run_id is None:
+                raise
+            client.create_task_run(
+                task=task,
+                flow_run_id=flow_run_id,
+                dynamic_key=str(task_run_id),
+                id=task_run_id,
+                name=name,
+                state=Crashed(message=message),
+            )
 
 
 def _not_found(exc: Exception) -> bool:

@@ -4,6 +4,7 @@ with a clear reason. (docs/reliability.md states the guarantees these tests hold
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import signal
@@ -65,7 +66,7 @@ def test_worker_killed_once_mid_shard_reruns_only_that_shard(prefect_server, tmp
     assert summary["shards_run"] == 4
 
 
-def test_shard_that_always_kills_its_worker_fails_by_name_and_others_stay_done(prefect_server, tmp_path):
+def test_shard_that_always_kills_its_worker_fails_by_name_and_others_stay_done(prefect_server, tmp_path, caplog):
     # The killer sits in the last shard: Dask also counts a death against tasks merely queued on
     # the dying worker, so with few allowed failures an innocent shard could be declared killed too.
     cfg = toy_config(tmp_path, n=20, num_shards=4, bad={17: "kill_always"})
@@ -77,8 +78,84 @@ def test_shard_that_always_kills_its_worker_fails_by_name_and_others_stay_done(p
     out = tmp_path / "inference/test_a"
     assert all((out / f"split.{i}/done").is_file() for i in (0, 1, 2))
     assert not (out / "split.3/done").exists() and not (out / "y.scp").exists()
+    unmarked = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not mark task run")]
+    assert not unmarked, unmarked
     task_state = _task_run_state(state.state_details.flow_run_id, "run-shard-test_a-3")
     assert task_state.type.value == "CRASHED", task_state  # not left Running
+
+
+ERROR_500 = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+def _api_that_fails_first(api_url: str, failures: int) -> str:
+    """An address for ``api_url`` whose first ``failures`` connections are answered 500 (a busy
+    server's error that Prefect's client does not retry itself); later ones are forwarded."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    upstream = urlsplit(api_url)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def pump(src, dst):
+        with src, dst:
+            while data := src.recv(65536):
+                dst.sendall(data)
+
+    def serve():
+        for n in itertools.count():
+            conn, _ = listener.accept()
+            if n < failures:
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(ERROR_500)
+                continue
+            far = socket.create_connection((upstream.hostname, upstream.port))
+            for a, b in ((conn, far), (far, conn)):
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return api_url.replace(f"{upstream.hostname}:{upstream.port}", f"127.0.0.1:{port}")
+
+
+def test_a_dead_workers_task_run_is_marked_crashed_through_a_failing_api_call(prefect_server, caplog):
+    import uuid
+
+    from prefect import flow, get_client, task
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from espnet3_prefect.execution.run_states import mark_task_run_crashed
+
+    @task
+    def lost():
+        pass
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(flow(lambda: None, name="lost-worker"))
+    task_run_id = uuid.uuid4()  # never recorded: its worker died before sending a single event
+    with temporary_settings(updates={PREFECT_API_URL: _api_that_fails_first(prefect_server, failures=2)}):
+        mark_task_run_crashed(task_run_id, "its worker died", task=lost, name="lost-0", flow_run_id=flow_run.id)
+    assert not [r for r in caplog.records if r.getMessage().startswith("could not mark")]
+    with get_client(sync_client=True) as client:
+        run = client.read_task_run(task_run_id)
+    assert (run.name, run.flow_run_id, run.state.type.value) == ("lost-0", flow_run.id, "CRASHED")
+
+
+def test_marking_a_crash_gives_up_with_one_warning_when_the_api_keeps_failing(prefect_server, caplog):
+    import uuid
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from espnet3_prefect.execution.run_states import mark_task_run_crashed
+
+    started = time.monotonic()
+    with temporary_settings(updates={PREFECT_API_URL: _api_that_fails_first(prefect_server, failures=10**6)}):
+        # it returns: the shard's own error is what the run reports
+        mark_task_run_crashed(uuid.uuid4(), "its worker died", timeout_s=1.0)
+    assert time.monotonic() - started < 30
+    [warning] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not mark")]
+    assert "500 Internal Server Error" in warning
 
 
 def test_killed_flow_process_resumes_unfinished_shards_and_crashes_the_stale_run(prefect_server, tmp_path):
