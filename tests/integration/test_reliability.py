@@ -53,6 +53,11 @@ def _task_run_state(flow_run_id, name, timeout_s: float = 30.0):
     return found[0]
 
 
+def unmarked_warnings(caplog) -> list[str]:
+    """The warnings of :func:`mark_task_run_crashed` giving up on a task run."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not mark task run")]
+
+
 def test_worker_killed_once_mid_shard_reruns_only_that_shard(prefect_server, tmp_path):
     cfg = toy_config(tmp_path, n=20, num_shards=4, bad={7: f"kill_once:{tmp_path}/killed"})
     [summary] = run_infer(tmp_path, cfg)
@@ -78,8 +83,7 @@ def test_shard_that_always_kills_its_worker_fails_by_name_and_others_stay_done(p
     out = tmp_path / "inference/test_a"
     assert all((out / f"split.{i}/done").is_file() for i in (0, 1, 2))
     assert not (out / "split.3/done").exists() and not (out / "y.scp").exists()
-    unmarked = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not mark task run")]
-    assert not unmarked, unmarked
+    assert not unmarked_warnings(caplog), unmarked_warnings(caplog)
     task_state = _task_run_state(state.state_details.flow_run_id, "run-shard-test_a-3")
     assert task_state.type.value == "CRASHED", task_state  # not left Running
 
@@ -136,7 +140,7 @@ def test_a_dead_workers_task_run_is_marked_crashed_through_a_failing_api_call(pr
     task_run_id = uuid.uuid4()  # never recorded: its worker died before sending a single event
     with temporary_settings(updates={PREFECT_API_URL: _api_that_fails_first(prefect_server, failures=2)}):
         mark_task_run_crashed(task_run_id, "its worker died", task=lost, name="lost-0", flow_run_id=flow_run.id)
-    assert not [r for r in caplog.records if r.getMessage().startswith("could not mark")]
+    assert not unmarked_warnings(caplog), unmarked_warnings(caplog)
     with get_client(sync_client=True) as client:
         run = client.read_task_run(task_run_id)
     assert (run.name, run.flow_run_id, run.state.type.value) == ("lost-0", flow_run.id, "CRASHED")
@@ -154,7 +158,7 @@ def test_marking_a_crash_gives_up_with_one_warning_when_the_api_keeps_failing(pr
         # it returns: the shard's own error is what the run reports
         mark_task_run_crashed(uuid.uuid4(), "its worker died", timeout_s=1.0)
     assert time.monotonic() - started < 30
-    [warning] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("could not mark")]
+    [warning] = unmarked_warnings(caplog)
     assert "500 Internal Server Error" in warning
 
 
