@@ -177,8 +177,17 @@ def _on_api(start: Callable[[], Any], starting: Callable[[dict], None] | None = 
             return start()
     from espnet3_prefect.server.embedded import prefect_api
 
-    with prefect_api(starting=starting):  # before the flow module imports prefect, so every thread sees this API
+    # before the flow module imports prefect, so every thread sees this API
+    with prefect_api(starting=starting, watch=True, rerun=_rerun_command()):
         return start()
+
+
+def _rerun_command() -> str | None:
+    """``python run.py ...`` when a script runs this process (a recipe's ``run.py``), else None."""
+    import shlex
+
+    script = sys.argv[0] if sys.argv else ""
+    return shlex.join(["python", *sys.argv]) if script.endswith(".py") else None
 
 
 def _settled(stages) -> bool:

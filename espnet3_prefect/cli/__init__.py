@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from espnet3_prefect._internal.util import put_on_pythonpath
 from espnet3_prefect.cli import cluster_script, deploy, detach, recipe, servers, stages, ui, watch
 from espnet3_prefect.cli.common import split_args
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
+from espnet3_prefect.server.watch import ServerGoneError
 
 __all__ = ["build_parser", "main", "split_args"]
 
@@ -79,6 +81,15 @@ class _CtrlC:
             cls.saved_fd = None
 
 
+def _leave_now(status: int) -> None:
+    """The console script leaves at once. Our servers and clusters are closed by here; Prefect's exit
+    hook would wait, without a limit, to send its queued events and logs to a server that is gone (the
+    one this run has just stopped, seen hanging after Ctrl-C on Prefect 3.9, or one that died)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -86,23 +97,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.passed_through = rest  # ``run``: ESPnet3's launcher parses them
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rerun = shlex.join(["espnet3-prefect", *(sys.argv[1:] if argv is None else argv)])
     signal.signal(signal.SIGTERM, _terminate_cleanly)
     _CtrlC.install()
     put_on_pythonpath(os.getcwd())  # recipe modules (src.inference.MyProvider) import on workers and in jobs
     try:
         return args.handler(args)
+    except ServerGoneError as exc:  # said once: what Prefect would still try to send cannot arrive
+        _CtrlC.restore()
+        # on a line of its own: Prefect's log sender may have left one unended ("All connection attempts failed")
+        print(f"\nerror: {one_line(exc)}", file=sys.stderr)
+        if argv is None:
+            _leave_now(1)
+        return 1
     except Espnet3PrefectError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
         _CtrlC.restore()
         print("error: interrupted; finished shards are kept and a re-run resumes from them", file=sys.stderr)
-        if argv is None:  # the console script: leave now. Our servers and clusters are closed by here;
-            # Prefect's exit hook would wait, without a limit, to send its queued events and logs to
-            # the server this run has just stopped (seen hanging after Ctrl-C on Prefect 3.9).
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(130)
+        if argv is None:
+            _leave_now(130)
         return 130
     except Exception as exc:  # a failed flow run: Prefect already logged the details
         print(f"error: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)

@@ -166,6 +166,8 @@ def run_stage(
             auth=args.server_auth,
             tls=args.server_tls,
             starting=starting() if starting is not None and result is None else None,
+            watch=True,
+            rerun=getattr(args, "rerun", None),
         ) as api_url:
             print(describe_api(api_url), file=sys.stderr)
             result = run()  # flows are imported by ``run``, once the API is set

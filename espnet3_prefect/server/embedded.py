@@ -32,6 +32,7 @@ from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.port import project_port, remember_port
 from espnet3_prefect.server.process import healthy, start_server, stop_server
 from espnet3_prefect.server.state_home import CLIENT_HOME_DIR, state_dir
+from espnet3_prefect.server.watch import gone_reason, watching
 
 log = logging.getLogger("espnet3_prefect")
 
@@ -70,6 +71,8 @@ def prefect_api(
     auth: bool | None = None,
     tls: bool | None = None,
     starting: Callable[[dict[str, str]], None] | None = None,
+    watch: bool = False,
+    rerun: str | None = None,
 ) -> Iterator[str]:
     """Yield a Prefect API URL: ``$PREFECT_API_URL``, else a running embedded server, else a new one.
 
@@ -83,6 +86,9 @@ def prefect_api(
     ``starting``, when given, is called once the API is chosen and before a new server is waited for,
     with the ``PREFECT_HOME`` this process will export (``{}`` for ``$PREFECT_API_URL``): work that
     needs no API yet (the fork server of the local workers) runs beside the server's start.
+    ``watch``: while the block runs, the server is watched (:mod:`~espnet3_prefect.server.watch`); one
+    that stops mid-run ends the block within seconds as ``ServerGoneError``, whose line names the
+    server and the command that finishes the run (``rerun``).
 
     >>> with prefect_api("/tmp/e3p-doc") as url:   # doctest: +SKIP
     ...     print(url)
@@ -102,7 +108,9 @@ def prefect_api(
             )
         _beside_the_start(starting, {})
         with exported(external_client(lambda: state_dir(home))):
-            yield os.environ["PREFECT_API_URL"]
+            url = os.environ["PREFECT_API_URL"]
+            with _watched(watch, url, "the Prefect server of PREFECT_API_URL", rerun, os.environ.get("PREFECT_API_SSL_CERT_FILE")):
+                yield url
         return
     address = resolve_host(chosen_host) if chosen_host else "127.0.0.1"
     with_tls = tls_required(address, tls, auth)
@@ -132,15 +140,27 @@ def prefect_api(
         raise
     try:
         with exported(creds, home):
-            yield info["api_url"]
+            what = f"the run's Prefect server (pid {info['pid']})"
+            with _watched(watch, info["api_url"], what, rerun, info.get("ssl_cert_file")):
+                yield info["api_url"]
     finally:
         me.unlink(missing_ok=True)
         if not keep and not _other_users(home):
-            _flush_prefect()
+            if gone_reason() is None:  # nothing can be sent to a server that is gone
+                _flush_prefect()
             if _holds:
                 _left_running[home] = info
             else:
                 _stop(home, info)
+
+
+@contextlib.contextmanager
+def _watched(watch: bool, api_url: str, what: str, rerun: str | None, cafile: str | None) -> Iterator[None]:
+    if not watch:
+        yield
+        return
+    with watching(api_url, what=what, rerun=rerun, cafile=cafile):
+        yield
 
 
 def _beside_the_start(starting: Callable[[dict[str, str]], None] | None, environ: dict[str, str]) -> None:

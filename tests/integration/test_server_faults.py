@@ -1,0 +1,154 @@
+"""The Prefect server a run reports to dies mid-run: the run ends within seconds on one line naming the
+server and the command that finishes it; a plain re-run does only what is missing
+(espnet3_prefect/server/watch.py; docs/reliability.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tests.conftest import toy_config, write_yaml
+from tests.helpers.procs import CLI, cli_env
+from tests.helpers.toy import read_lines
+
+pytestmark = pytest.mark.slow
+EXPECTED = lambda n: "".join(f"utt{i:05d} {3 * i * i}\n" for i in range(n))  # noqa: E731
+N_ITEMS, N_SHARDS = 120, 24
+
+
+def _slow_toy(tmp_path):
+    cfg = toy_config(tmp_path, n=N_ITEMS, num_shards=N_SHARDS)
+    cfg["model"]["sleep_s"] = 0.1  # ~0.5 s per shard: the run lasts ~6 s on 2 workers
+    return write_yaml(tmp_path / "inference.yaml", cfg)
+
+
+def _start_cli(path, tmp_path, env):
+    return subprocess.Popen(
+        [*CLI, "infer", "--config", str(path)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for_done(out, n: int, proc, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and len(list(out.glob("split.*/done"))) < n and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before the fault"
+
+
+def _ends_on_the_line(proc, killed_at: float, server: str):
+    _, stderr = proc.communicate(timeout=120)
+    ended_s = time.monotonic() - killed_at
+    last = stderr.rstrip().splitlines()[-1]
+    assert proc.returncode == 1, stderr[-3000:]
+    assert re.fullmatch(
+        rf"error: {server} at http://127\.0\.0\.1:\d+/api stopped \(connection refused\) mid-run; the shards "
+        r"finished so far are kept on disk; to finish the rest, re-run: espnet3-prefect infer --config \S+",
+        last,
+    ), last
+    assert "Finished in state Running" not in stderr, stderr[-3000:]
+    return ended_s, stderr
+
+
+def _rerun_finishes(path, tmp_path, env, done_before: set[int]) -> None:
+    (tmp_path / "forward.log").unlink()
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "inference/test_a/y.scp").read_text() == EXPECTED(N_ITEMS)
+    per_shard = N_ITEMS // N_SHARDS
+    rerun = {int(line.split()[1]) // per_shard for line in read_lines(tmp_path / "forward.log")}
+    assert not rerun & done_before, sorted(rerun & done_before)  # a shard marked done is never decoded again
+
+
+def test_the_embedded_server_killed_mid_run_ends_the_run_on_one_line(tmp_path):
+    path = _slow_toy(tmp_path)
+    env = cli_env(tmp_path / "home")
+    proc = _start_cli(path, tmp_path, env)
+    out = tmp_path / "inference/test_a"
+    _wait_for_done(out, 2, proc)
+    server = json.loads((tmp_path / "home/server.json").read_text())
+    os.killpg(server["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+    ended_s, _ = _ends_on_the_line(proc, killed_at, rf"the run's Prefect server \(pid {server['pid']}\)")
+    assert ended_s < 60, ended_s  # within seconds (~15 s on 2 loaded cores), not Prefect's minutes of retries
+    done = {int(p.parent.name.split(".")[1]) for p in out.glob("split.*/done")}
+    assert 2 <= len(done) < N_SHARDS, done
+    _rerun_finishes(path, tmp_path, env, done)
+
+
+def test_a_users_own_server_going_away_mid_run_is_named_the_same_way(tmp_path):
+    from espnet3_prefect.server.process import start_server, stop_server
+    from tests.helpers.prefect_db import seed
+
+    home = seed(tmp_path / "users-server")
+    server, url = start_server(home, ui=False)
+    try:
+        path = _slow_toy(tmp_path)
+        env = {**cli_env(tmp_path / "home"), "PREFECT_API_URL": url}
+        proc = _start_cli(path, tmp_path, env)
+        _wait_for_done(tmp_path / "inference/test_a", 2, proc)
+        os.killpg(server.pid, signal.SIGKILL)
+        _ends_on_the_line(proc, time.monotonic(), "the Prefect server of PREFECT_API_URL")
+    finally:
+        stop_server(server.pid)
+
+
+class _Health:
+    """A loopback ``/health`` that answers until :meth:`close`: the listening socket goes with it."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/api"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_the_watch_interrupts_a_blocked_main_thread_once_the_server_is_gone():
+    from espnet3_prefect.server import watch
+
+    health = _Health()
+    with pytest.raises(watch.ServerGoneError, match=r"the test's server at .* stopped .*re-run: run it again$"):
+        with watch.watching(health.url, what="the test's server", rerun="run it again") as w:
+            w.interval_s = 0.1
+            time.sleep(0.5)  # answered: nothing happens
+            health.close()
+            threading.Event().wait(60)  # a blocked wait, as the flow's as_completed: woken by the signal
+    assert watch.gone_reason().startswith("the test's server at ")
+
+
+def test_the_probe_tells_a_refused_connection_from_an_answer():
+    from espnet3_prefect.server.watch import probe
+
+    assert probe("http://127.0.0.1:9/api", timeout_s=1, cafile=None) == "refused"  # nothing listens on 9
+    health = _Health()
+    try:
+        assert probe(health.url, timeout_s=1, cafile=None) == "up"
+    finally:
+        health.close()
