@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from espnet3_prefect.errors import Espnet3PrefectError, describe, is_retryable
+from espnet3_prefect.errors import DiskFullError, Espnet3PrefectError, describe, disk_full, is_retryable, no_space
 from espnet3_prefect.execution.run_states import mark_flow_run_crashed, mark_task_run_crashed
 from espnet3_prefect.pipeline.lock import RunLock, acquire
 from espnet3_prefect.pipeline.plan import Shard
@@ -128,10 +128,10 @@ def run_shards(
         except Exception as exc:  # failed after retries, or the worker died (KilledWorker)
             line = shard_failure(future, shard, exc)
             if not is_retryable(exc):
+                # A full disk or a lock too: the shards still queued would meet the same, so none is started.
                 runner.client.cancel([f.wrapped_future for f, _ in pending.values()])
-                raise Espnet3PrefectError(
-                    f"{what}: {line} (not retried: the same input fails the same way; the other shards were stopped)"
-                ) from None
+                why = "" if no_space(exc) or isinstance(exc, DiskFullError) else "the same input fails the same way; "
+                raise Espnet3PrefectError(f"{what}: {line} (not retried: {why}the other shards were stopped)") from None
             failures.append(line)
             continue
         cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
@@ -181,7 +181,8 @@ def shard_failure(future, shard: Shard, exc: Exception) -> str:
             flow_run_id=flow_run.id,
         )
         return message
-    return f"{where}: {describe(exc)}"
+    full = None if isinstance(exc, DiskFullError) else no_space(exc)
+    return f"{where}: {describe(disk_full(full) if full is not None else exc)}"
 
 
 def take_run_lock(folder: Path, logger) -> RunLock:

@@ -41,8 +41,13 @@ def atomic_open(path: Path, mode: str = "w", encoding: str | None = "utf-8") -> 
         handle.close()
         os.replace(tmp, path)
         fsync_dir(path.parent)
-    except BaseException:
-        handle.close()
+    except BaseException as exc:
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # a failed write or fsync names no file: name the one we publish
+        try:
+            handle.close()
+        except OSError:
+            pass  # flushing what is left fails the same way; the first error is the one to report
         tmp.unlink(missing_ok=True)
         raise
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from espnet3_prefect.config.targets import load_callable
-from espnet3_prefect.errors import BadInputError, ConfigError, one_line
+from espnet3_prefect.errors import BadInputError, ConfigError, named, one_line
 from espnet3_prefect.espnet3.artifacts import check_utt_id, materialize_output_value
 from espnet3_prefect.espnet3.contract import (
     prepare_inference_inputs,
@@ -207,15 +207,31 @@ class InferenceRunner(BaseRunner):
                 handle = writers["scp_handles"].get(field)
                 if handle is None:
                     handle = writers["scp_handles"][field] = (shard_dir / f"{field}.scp").open("w", encoding="utf-8")
-                handle.write(f"{utt} {_one_line_value(value, utt, field)}\n")
+                line = f"{utt} {_one_line_value(value, utt, field)}\n"
+                try:
+                    handle.write(line)
+                except OSError as exc:
+                    named(exc, handle.name)  # a failed write names no file (a full disk)
+                    raise
 
     @staticmethod
     def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any] | None:
         """Close the SCP files and list the fields written in ``field_keys.txt`` (sorted)."""
+        failed = None
         for handle in writers.get("scp_handles", {}).values():
-            handle.close()
+            try:  # every handle closed, even past a failing one; the first failure is reported
+                handle.close()
+            except OSError as exc:
+                failed = failed or named(exc, handle.name)
+        if failed is not None:
+            raise failed
         keys = sorted(writers.get("field_keys", []))
-        (Path(writers["shard_dir"]) / "field_keys.txt").write_text("".join(f"{k}\n" for k in keys), encoding="utf-8")
+        listing = Path(writers["shard_dir"]) / "field_keys.txt"
+        try:
+            listing.write_text("".join(f"{k}\n" for k in keys), encoding="utf-8")
+        except OSError as exc:
+            named(exc, listing)
+            raise
         return None
 
     def merge(self, shard_dirs: list[Path]) -> None:

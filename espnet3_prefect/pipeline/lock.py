@@ -7,6 +7,8 @@ silent for ``STALE_AFTER_S`` is taken over, and the flow run it names is reporte
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import socket
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from espnet3_prefect._internal.proc import running
-from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.errors import Espnet3PrefectError, named
 from espnet3_prefect.pipeline.layout import RUN_LOCK_NAME as LOCK_NAME
 
 HEARTBEAT_S = 15.0
@@ -26,7 +28,58 @@ UNREADABLE_GRACE_S = 5.0
 
 
 class LockedError(Espnet3PrefectError, RuntimeError):
-    """Another live run holds the output folder."""
+    """Another live run holds the output folder or shard. Never retried: a retry seconds later finds
+    the same holder, and a lock we cannot tell is gone needs a person's decision."""
+
+    retryable = False
+
+
+#: errnos of a filesystem that cannot make hard links (some FUSE, SMB and object-store mounts)
+_NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV, errno.EMLINK)
+
+
+def create_whole(path: Path, text: str) -> bool:
+    """Create ``path`` holding ``text``, exclusively: False if it exists; an ``OSError`` (a full disk)
+    leaves nothing behind.
+
+    The text goes to a hidden temporary file beside ``path``, which is then hard-linked to ``path``
+    (atomic, and exclusive like ``O_EXCL``, NFS included), so ``path`` is never seen empty or half
+    written: a lock that has a name always says who holds it. Where hard links are not supported,
+    ``O_EXCL`` then write, removing the file again if the write fails.
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as handle:
+            handle.write(text)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            return _create_excl(path, text)
+        return True
+    except OSError as exc:
+        named(exc, path)  # a failed write names no file
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _create_excl(path: Path, text: str) -> bool:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return True
 
 
 @dataclass
@@ -68,13 +121,9 @@ def acquire(folder: Path, flow_run_id: str | None = None) -> RunLock:
     }
     stale = None
     for _ in range(3):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        if not create_whole(path, json.dumps(record)):
             stale = _take_over_if_stale(path, folder) or stale
             continue
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(record))
         return RunLock(path, stale_holder=stale, _token=token, _stop=_heartbeat(path))
     raise LockedError(f"{folder}: could not take the run lock {path}")
 
@@ -121,51 +170,77 @@ def _heartbeat(path: Path) -> threading.Event:
 
 
 def take_shard_lock(path: Path, flow_run_id: str | None, allow_overwrite: bool = False) -> str | None:
-    """Create ``split.N/lock`` exclusively (pid on the first line, as upstream writes it).
+    """Create ``split.N/lock`` exclusively, whole or not at all (:func:`create_whole`): our pid on the
+    first line, as upstream writes it, then our host and flow run id.
 
     An existing lock is taken over when it belongs to this flow run (Dask re-runs a shard whose
-    worker died), when its holder is a dead process on this host, or when
+    worker died), when its holder is a dead process on this host, when it is empty and not brand new
+    (its writer could not even record its pid: a full disk; no live holder can be named), or when
     ``parallel.allow_overwrite_lock`` is set; the returned string says which. Otherwise another
     runner (ours or upstream's) is writing the shard, and :class:`LockedError` names it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = f"{os.getpid()}\n{socket.gethostname()} {flow_run_id or '-'}\n"
     why = None
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            why = _shard_lock_takeover(path, flow_run_id, allow_overwrite)
+    for _ in range(5):
+        if create_whole(path, text):
+            return why
+        why = _shard_lock_takeover(path, flow_run_id, allow_overwrite)
+        if why is not None:
             path.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(f"{os.getpid()}\n{socket.gethostname()} {flow_run_id or '-'}\n")
-        return why
     raise LockedError(f"{path}: could not take the shard lock")
 
 
 def release_shard_lock(path: Path) -> None:
-    path.unlink(missing_ok=True)
-
-
-def _shard_lock_takeover(path: Path, flow_run_id: str | None, allow_overwrite: bool) -> str:
+    """Remove ``path`` if it is still this process's (not a lock another run took over meanwhile).
+    Never raises: it runs on the way out of a failing shard, whose error is the one to report."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return
     except OSError:
-        return "lock released meanwhile"
-    pid = lines[0].strip() if lines else "?"
+        lines = []  # unreadable: ours is the best guess, we created it
+    if lines and (lines[0].strip() != str(os.getpid()) or not _same_host(lines)):
+        return
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def _same_host(lines: list[str]) -> bool:
+    return len(lines) > 1 and lines[1].partition(" ")[0] == socket.gethostname()
+
+
+def _shard_lock_takeover(path: Path, flow_run_id: str | None, allow_overwrite: bool) -> str | None:
+    """Why the lock at ``path`` may be replaced, None to look again, or :class:`LockedError`."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        age_s = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return None  # released meanwhile
+    except (OSError, ValueError):
+        lines, age_s = [], UNREADABLE_GRACE_S
+    if not any(line.strip() for line in lines):
+        if age_s < UNREADABLE_GRACE_S:  # upstream's lock between its creation and its pid
+            time.sleep(UNREADABLE_GRACE_S - age_s)
+            return None
+        return "it was empty (its writer could not record its pid: a full disk?), so no live holder"
+    pid = lines[0].strip()
     host, _, run = lines[1].partition(" ") if len(lines) > 1 else ("?", "", "-")
+    run = run.strip() or "-"
     if flow_run_id and run == flow_run_id:
         return "held by this run's earlier attempt (its worker died)"
     if host == socket.gethostname() and _pid_gone(pid):
         return f"its holder (pid {pid}) is gone"
     if allow_overwrite:
         return f"parallel.allow_overwrite_lock is set (holder: pid {pid} on {host})"
-    who = f"pid {pid} on {host}" + (
-        f", flow run {run}" if run and run != "-" else " (no host recorded: upstream ESPnet3?)" if host == "?" else ""
-    )
+    if host == "?":
+        who = f"pid {pid} (no host recorded: upstream ESPnet3?)"
+    else:
+        who = f"pid {pid} on {host}" + (f", flow run {run}" if run != "-" else "")
+        who += " (alive)" if host == socket.gethostname() else " (another host: cannot tell whether it is alive)"
     raise LockedError(
-        f"{path.parent}: locked by {who}; another run is writing this shard. If it is gone, "
-        f"set parallel.allow_overwrite_lock: true (or delete {path})"
+        f"{path.parent}: locked by {who}; another run is writing this shard. If that run has ended, "
+        f"delete {path} (parallel.allow_overwrite_lock: true takes over every shard's lock, live ones too)"
     )
 
 

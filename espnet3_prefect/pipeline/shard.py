@@ -25,7 +25,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from espnet3_prefect.errors import ConfigError, ItemError, describe, is_retryable
+from espnet3_prefect.errors import (
+    ConfigError,
+    DiskFullError,
+    ItemError,
+    describe,
+    disk_full,
+    is_retryable,
+    named,
+    no_space,
+)
 from espnet3_prefect.espnet3.envcall import _accepts, call_with_env
 from espnet3_prefect.pipeline.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
@@ -56,12 +65,28 @@ def process_shard(
     ``timing`` (see :class:`~.prefetch.Timing`).
     """
     shard_dir = layout.shard_dir(shard.index)
+    try:
+        return _process_shard(
+            runner_cls, shard, env, layout, on_error, idx_key, marker, flow_run_id, allow_overwrite_lock, log, prefetch
+        )
+    except Exception as exc:
+        full = no_space(exc)
+        if full is None or isinstance(exc, DiskFullError):
+            raise
+        raise disk_full(full, shard_dir) from exc
+
+
+def _process_shard(
+    runner_cls, shard, env, layout, on_error, idx_key, marker, flow_run_id, allow_overwrite_lock, log, prefetch
+) -> dict:
+    shard_dir = layout.shard_dir(shard.index)
+    # Taken whole or not at all: a full disk leaves no lock, and the lock it leaves names its holder.
     took_over = take_shard_lock(layout.shard_lock(shard.index), flow_run_id, allow_overwrite_lock)
     if took_over and log:
         log(f"{shard_dir.name}: took over its lock: {took_over}")
     started = time.perf_counter()
     timing = Timing()
-    try:
+    try:  # whatever fails from here on, the lock goes and no marker is written
         remove_marker(shard_dir)
         _clear(shard_dir)
         failures = drive(
@@ -77,9 +102,13 @@ def process_shard(
         )
         committing = time.perf_counter()
         if failures:
-            (shard_dir / FAILURES_NAME).write_text(
-                "".join(json.dumps(f, sort_keys=True) + "\n" for f in failures), encoding="utf-8"
-            )
+            try:
+                (shard_dir / FAILURES_NAME).write_text(
+                    "".join(json.dumps(f, sort_keys=True) + "\n" for f in failures), encoding="utf-8"
+                )
+            except OSError as exc:
+                named(exc, shard_dir / FAILURES_NAME)
+                raise
         seconds = round(time.perf_counter() - started, 4)
         record = {
             **(marker or {}),
@@ -224,9 +253,11 @@ def _forward(
     label_env = env if label_env is None else label_env
     try:
         return [call_with_env(forward, unit, env=env)]
-    except ConfigError:
+    except (ConfigError, DiskFullError):
         raise
     except Exception as exc:
+        if no_space(exc) is not None:  # not the item's fault: every item would fail ("skip" too)
+            raise
         if on_error != "skip":
             raise ItemError(
                 f"{unit_label(unit, label_env, idx_key)}: {describe(exc)}", retryable=is_retryable(exc)

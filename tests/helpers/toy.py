@@ -5,6 +5,7 @@ Importable on Dask workers (tests/ is on sys.path via pytest's ``pythonpath``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -24,7 +25,12 @@ class ToyDataset:
     """Items ``{"utt_id", "x", "text"}``; ``bad`` maps index -> how the item is broken.
 
     Kinds: no_input, space_id, raise (reading fails), model_raise (the model fails on it),
-    kill_once:<flag file> (SIGKILL its worker the first time), kill_always.
+    kill_once:<flag file> (SIGKILL its worker the first time), kill_always,
+    fill:<file> (the first read writes <file> until its filesystem is full: put it on a small tmpfs;
+    removing <file> frees the space),
+    full:<flag file> (the first read creates <flag file>, and :class:`DiskFullRunner` then fails
+    every write with ENOSPC until the flag is removed: a full disk where no tmpfs can be mounted;
+    once, like fill).
     """
 
     def __init__(self, n: int, bad: dict | None = None, version_file: str | None = None):
@@ -54,7 +60,40 @@ class ToyDataset:
                 if flag is not None:
                     flag.write_text(str(os.getpid()))
                 os.kill(os.getpid(), signal.SIGKILL)
+        elif (kind or "").startswith("fill:"):
+            fill_up(Path(kind.split(":", 1)[1]))
+        elif (kind or "").startswith("full:"):
+            flag = Path(kind.split(":", 1)[1])
+            with contextlib.suppress(FileExistsError):  # once: a re-run after the flag was removed has room
+                os.close(os.open(f"{flag}.once", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                flag.write_text(str(os.getpid()))
         return item
+
+
+def fill_up(path: Path) -> None:
+    """Write zeros to ``path`` until its filesystem has no space left; once (``<path>.once`` records it,
+    so a re-run after ``path`` was removed finds room)."""
+    import errno
+
+    try:
+        os.close(os.open(f"{path}.once", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+    block = b"\0" * (1 << 16)
+    try:
+        while True:
+            os.write(fd, block)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        try:  # the last partial page
+            while True:
+                os.write(fd, b"\0" * 512)
+        except OSError:
+            pass
+    finally:
+        os.close(fd)
 
 
 class LengthsToyDataset(ToyDataset):
@@ -123,6 +162,19 @@ class CountingRunner(InferenceRunner):
         for i in idx if isinstance(idx, list) else [idx]:
             _append(forward_log, f"{os.getpid()} {i}")
         return InferenceRunner.forward(idx, **env)
+
+
+class DiskFullRunner(CountingRunner):
+    """The toy runner whose output writes fail with ENOSPC while the file ``full_flag`` exists."""
+
+    @staticmethod
+    def write_record(writers, result, state, full_flag=None, **env):
+        if full_flag and os.path.exists(full_flag):
+            import errno
+
+            target = Path(writers["shard_dir"]) / "y.scp"
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+        return InferenceRunner.write_record(writers, result, state, **env)
 
 
 def toy_output_fn(data, model_output, idx):

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import dask
 import pytest
@@ -265,3 +266,73 @@ def test_unwritable_or_full_inference_dir_fails_before_compute(prefect_server, t
     with pytest.raises(ConfigError, match="inference_dir: only \\d+ MB free on .*runner.min_free_mb asks for"):
         run_infer(tmp_path, cfg)
     assert not (tmp_path / "builds.log").exists()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 16 MB tmpfs to fill (needs root and a mount namespace that allows it), else skip."""
+    mount = tmp_path / "small_fs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip() or done.returncode}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _disk_full_run(tmp_path, cfg, full_path):
+    """Run ``cfg`` into a disk that fills mid-run, in a process of its own (its output is what the
+    user sees); check what the user gets; free the space; re-run."""
+    n = cfg["dataset"]["test"][0]["n"]
+    out = Path(cfg["inference_dir"]) / "test_a"
+    path = write_yaml(tmp_path / "inference.yaml", cfg)
+    code = f"from espnet3_prefect.flows.infer import infer; infer(config=[{str(path)!r}])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = (proc.stdout + proc.stderr).splitlines()
+    said = [x for x in lines if "o space left" in x or "disk quota" in x]
+    print(f"disk-full run printed {len(lines)} lines; {len(said)} name the full disk")
+    assert proc.returncode != 0
+    assert full_path.exists()  # the fault did happen
+    [flow_error] = [x for x in lines if "| ERROR   | Flow run" in x]
+    assert f"no space left on device writing {out}/split." in flow_error, flow_error
+    assert "MB free on that filesystem); free space and re-run: shards done so far are kept" in flow_error
+    # Once or twice per shard already on a worker when the disk filled (Prefect logs the end of each
+    # task run, and that it could not store its result), and the flow's error: bounded by the workers,
+    # not by the shards. (Dask logs one line per shard it cancels.)
+    assert len(said) <= 20 and len(lines) < 150, "\n".join(lines)
+    assert not any("locked by" in x or "Retry " in x for x in lines), "\n".join(lines)
+    assert max(forward_counts(tmp_path).values()) == 1  # not retried (runner.retries is 2)
+    assert not list(out.rglob("lock")), "a shard lock was left behind"
+    done = sorted(int(p.parent.name.split(".")[1]) for p in out.glob("split.*/done"))
+    size = n // cfg["parallel"]["num_shards"]
+    for index in done:  # a done marker only beside complete output
+        assert (out / f"split.{index}/y.scp").read_text() == EXPECTED(n)[
+            len(EXPECTED(index * size)) : len(EXPECTED((index + 1) * size))
+        ]
+    assert len(done) < cfg["parallel"]["num_shards"]
+
+    full_path.unlink()  # space freed
+    (tmp_path / "forward.log").unlink()
+    [summary] = run_infer(tmp_path, cfg)
+    assert summary["shards_cached"] == len(done)
+    redo = [i for i in range(n) if i // size not in done]
+    assert sorted(forward_counts(tmp_path)) == redo  # only what was missing, once each
+    assert (out / "y.scp").read_text() == EXPECTED(n)
+    assert not list(out.rglob("lock"))
+
+
+def test_disk_filling_mid_run_names_the_path_once_and_a_rerun_redoes_only_the_rest(prefect_server, tmp_path, small_fs):
+    filler = small_fs / "filler"
+    cfg = toy_config(
+        tmp_path, n=40, num_shards=20, bad={9: f"fill:{filler}"}, inference_dir=str(small_fs / "inference")
+    )
+    cfg["runner"].update(retries=2, retry_delay_s=[1, 1], min_free_mb=1)
+    _disk_full_run(tmp_path, cfg, filler)
+
+
+def test_injected_enospc_mid_run_names_the_path_once_and_a_rerun_redoes_only_the_rest(prefect_server, tmp_path):
+    flag = tmp_path / "disk_full"
+    cfg = toy_config(tmp_path, n=40, num_shards=20, bad={9: f"full:{flag}"})
+    cfg["runner"].update(_target_="tests.helpers.toy.DiskFullRunner", retries=2, retry_delay_s=[1, 1])
+    cfg["provider"]["params"]["full_flag"] = str(flag)
+    _disk_full_run(tmp_path, cfg, flag)

@@ -243,3 +243,109 @@ def test_no_output_dir_is_a_config_error():
 
     with pytest.raises(ConfigError, match="output_dir: not set"):
         R(None)(range(2))
+
+
+# -- a full disk and the shard lock -----------------------------------------------------------------
+
+
+def test_empty_shard_lock_left_by_a_dead_run_does_not_block(tmp_path):
+    """A run whose disk filled once left ``lock`` empty (its pid could not be written): no holder
+    can be named, so once it is not brand new it is taken over, and the new lock says who holds it."""
+    import socket
+
+    lock = tmp_path / "split.4" / "lock"
+    lock.parent.mkdir()
+    lock.write_text("")
+    os.utime(lock, (time.time() - 60, time.time() - 60))
+    assert "it was empty" in take_shard_lock(lock, "run-2")
+    assert lock.read_text() == f"{os.getpid()}\n{socket.gethostname()} run-2\n"
+
+
+def test_shard_lock_of_a_live_other_holder_on_this_host_is_refused_naming_it(tmp_path):
+    import socket
+
+    lock = tmp_path / "split.0" / "lock"
+    lock.parent.mkdir()
+    lock.write_text(f"{os.getppid()}\n{socket.gethostname()} run-1\n")
+    expected = f"locked by pid {os.getppid()} on {socket.gethostname()}, flow run run-1 \\(alive\\)"
+    with pytest.raises(LockedError, match=expected) as caught:
+        take_shard_lock(lock, "run-2")
+    assert not is_retryable(caught.value)  # no 2 s / 10 s retries for a lock
+    assert lock.read_text().startswith(f"{os.getppid()}\n")  # left as it was
+
+
+def test_shard_lock_of_a_dead_pid_of_this_host_is_taken_over(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock = tmp_path / "split.0" / "lock"
+    lock.parent.mkdir()
+    lock.write_text(f"{dead.stdout.strip()}\n{socket.gethostname()} run-1\n")
+    assert take_shard_lock(lock, "run-2") == f"its holder (pid {dead.stdout.strip()}) is gone"
+
+
+def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    from espnet3_prefect.pipeline import lock as lock_module
+
+    def full_open(path, mode="r", **kwargs):  # the lock's text goes to a full disk
+        builtins.open(path, mode, **kwargs).close()
+        return builtins.open("/dev/full", "w", **kwargs)
+
+    monkeypatch.setattr(lock_module, "open", full_open, raising=False)
+    lock = tmp_path / "split.0" / "lock"
+    with pytest.raises(OSError) as caught:
+        take_shard_lock(lock, "run-1")
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(lock)
+    assert os.listdir(lock.parent) == []  # neither the lock nor its temporary file
+
+
+def test_release_leaves_a_lock_another_process_took_over(tmp_path):
+    from espnet3_prefect.pipeline.lock import release_shard_lock
+
+    lock = tmp_path / "split.0" / "lock"
+    lock.parent.mkdir()
+    lock.write_text(f"{os.getppid()}\nelsewhere run-9\n")
+    release_shard_lock(lock)
+    assert lock.exists()
+    take_shard_lock(lock, "run-9")  # this flow run's: taken over
+    release_shard_lock(lock)
+    assert not lock.exists()
+
+
+class FullDiskRunner(PlainRunner):
+    """Its writer goes to /dev/full: every flush fails with ENOSPC, naming no file."""
+
+    @staticmethod
+    def open_writers(shard_dir, **env):
+        return {"out": open("/dev/full", "w")}  # noqa: SIM115 - closed by close_writers
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_full_disk_fails_the_shard_in_one_line_naming_where_leaving_no_lock_nor_marker(tmp_path, on_error):
+    from espnet3_prefect.errors import DiskFullError
+
+    layout = StageLayout(tmp_path / "t")
+    with pytest.raises(DiskFullError) as caught:
+        process_shard(FullDiskRunner, Shard("t", 0, 0, 7), _env(layout.output_dir), layout, on_error=on_error)
+    message = str(caught.value)
+    assert message.startswith(f"no space left on device writing {layout.shard_dir(0)} (")
+    assert message.endswith("MB free on that filesystem); free space and re-run: shards done so far are kept")
+    assert "\n" not in message and not is_retryable(caught.value)
+    assert pickle.loads(pickle.dumps(caught.value)).message == message  # as Dask ships it
+    assert sorted(os.listdir(layout.shard_dir(0))) == []  # no lock, no done
+
+
+def test_enospc_and_edquot_are_not_retried():
+    import errno
+
+    assert not is_retryable(OSError(errno.ENOSPC, "No space left on device"))
+    assert not is_retryable(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    wrapped = RuntimeError("writer failed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    assert not is_retryable(wrapped)
+    assert is_retryable(OSError(errno.EIO, "Input/output error"))
