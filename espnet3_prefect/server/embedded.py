@@ -123,6 +123,7 @@ def prefect_api(
                 tls=with_tls,
                 given_host=chosen_host,
                 services="all" if keep else "run",
+                guard_parent=None if keep else os.getpid(),
             )
         creds = server_client(
             home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth, wanted_tls=with_tls
@@ -193,9 +194,11 @@ def start_recorded(
     tls: bool = False,
     given_host: str | None = None,
     services: str = "all",
+    guard_parent: int | None = None,
 ) -> dict:
     """Start a server for ``home`` (with a new credential when ``auth``, serving HTTPS with a new
-    certificate naming ``host`` and ``given_host`` when ``tls``, running ``services``), write its 0600
+    certificate naming ``host`` and ``given_host`` when ``tls``, running ``services``, under a guard
+    that stops it once the process ``guard_parent`` has died, see :func:`start_server`), write its 0600
     client file (when ``auth`` or ``tls``) and record it in ``home/server.json``; return that record."""
     from espnet3_prefect.server.auth import ClientCredentials, client_file, new_auth_string, write_client_file
     from espnet3_prefect.server.https import ServerTLS
@@ -211,6 +214,7 @@ def start_recorded(
             auth_string=auth_string,
             tls=certs,
             services=services,
+            guard_parent=guard_parent,
         )
     except BaseException:
         if certs is not None:

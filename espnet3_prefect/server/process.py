@@ -111,11 +111,16 @@ def start_server(
     auth_string: str | None = None,
     tls: ServerTLS | None = None,
     services: str = "all",
+    guard_parent: int | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
     ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
     ``tls`` (its files made) it serves HTTPS (:mod:`espnet3_prefect.server.serve`, the files by path).
-    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.server_services`)."""
+    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.server_services`).
+    ``guard_parent``: the pid of the run the server must not outlive (a server that is not kept): it
+    is started under :mod:`~espnet3_prefect.server.guard`, whose pid is the one returned, recorded
+    and stopped (:func:`stop_server` stops both), and which stops the server once that run has died
+    and no other run records itself as a user in ``home/users``."""
     from espnet3_prefect.server.host import url_host
 
     port = port or free_port(host)
@@ -159,6 +164,8 @@ def start_server(
             str(tls.key_file),
         ]
     log.info("starting Prefect server: %s", " ".join(cmd))
+    if guard_parent is not None:
+        cmd = [*guard_command(guard_parent, home, api_url), "--", *cmd]
     logfile = open(home / "server.log", "ab")
     proc = subprocess.Popen(
         cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -175,7 +182,16 @@ def start_server(
             )
         if healthy(api_url, cafile=cafile):
             warm_routes(api_url, cafile, auth_string)
-            _register(proc.pid, api_url, home, ui, auth=bool(auth_string), ca_file=cafile, services=services)
+            _register(
+                proc.pid,
+                api_url,
+                home,
+                ui,
+                auth=bool(auth_string),
+                ca_file=cafile,
+                services=services,
+                run_pid=guard_parent,
+            )
             return proc, api_url
         time.sleep(0.5)
     stop_server(proc.pid)
@@ -184,8 +200,30 @@ def start_server(
     )
 
 
+def guard_command(parent: int, home: Path, api_url: str) -> list[str]:
+    """The :mod:`~espnet3_prefect.server.guard` of a server that must not outlive ``parent`` (run as a
+    script in isolated mode: it imports only the standard library, never the package or Prefect)."""
+    from espnet3_prefect.server import guard
+
+    return [
+        sys.executable,
+        "-I",
+        guard.__file__,
+        "--parent",
+        str(parent),
+        "--home",
+        str(home),
+        "--api-url",
+        api_url,
+        "--registry",
+        str(registry_dir()),
+    ]
+
+
 def stop_server(pid: int, timeout_s: float = 20) -> None:
-    """Stop the server process group started by :func:`start_server` (TERM, then KILL)."""
+    """Stop the server process group started by :func:`start_server`: SIGTERM, which both a ``prefect
+    server start`` (uvicorn: a graceful shutdown) and its guard (which tells the server so and waits
+    for it) stop on, then SIGKILL after ``timeout_s``."""
     try:
         stop_group(pid, timeout_s)
     finally:
@@ -193,7 +231,14 @@ def stop_server(pid: int, timeout_s: float = 20) -> None:
 
 
 def _register(
-    pid: int, api_url: str, home: Path, ui: bool, auth: bool = False, ca_file: str | None = None, services: str = "all"
+    pid: int,
+    api_url: str,
+    home: Path,
+    ui: bool,
+    auth: bool = False,
+    ca_file: str | None = None,
+    services: str = "all",
+    run_pid: int | None = None,
 ) -> None:
     record = {
         "pid": pid,
@@ -204,6 +249,7 @@ def _register(
         "auth": auth,
         "ssl_cert_file": ca_file,
         "services": services,
+        "run_pid": run_pid,  # the run it stops with (its guard's parent); None: a server left running on purpose
     }
     try:
         registry_dir().mkdir(parents=True, exist_ok=True)
