@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,17 @@ from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.embedded import forget_server
 from espnet3_prefect.server.process import healthy, stop_server
 from espnet3_prefect.server.state_home import registry_dir
+
+#: what a ``prefect worker start`` stops on: SIGINT (it takes no new flow run, then exits); Prefect
+#: maps a first SIGTERM to it as well, but a second SIGTERM to SIGKILL of itself
+WORKER_STOP_SIGNAL = signal.SIGINT
+
+
+def stop_worker(pid: int, timeout_s: float = 15) -> bool:
+    """Stop deploy-local's process worker and the flow runs it started (:func:`stop_tree`): the worker
+    told :data:`WORKER_STOP_SIGNAL`, its flow runs (each in a session of its own, which it would
+    otherwise wait for) SIGTERM at the same time; killed only after ``timeout_s``."""
+    return stop_tree(pid, timeout_s, first=WORKER_STOP_SIGNAL)
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,7 @@ def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> 
             busy.append(server)
             continue
         if server.worker_pid:
-            stop_tree(server.worker_pid, timeout_s)
+            stop_worker(server.worker_pid, timeout_s)
         stop_server(server.pid, timeout_s)
         _forget(server)
         stopped.append(server)
