@@ -27,25 +27,12 @@ from pathlib import Path
 
 from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive
-from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.port import project_port, remember_port
-from espnet3_prefect.server.process import healthy, start_server, stop_server
+from espnet3_prefect.server.process import forget_server, running_server, start_server, stop_server
 from espnet3_prefect.server.state_home import CLIENT_HOME_DIR, state_dir
 
 log = logging.getLogger("espnet3_prefect")
-
-
-def running_server(home: Path) -> dict | None:
-    """``{"pid", "api_url", "ui_url"}`` of the server recorded in ``home`` while it is alive and healthy."""
-    info = read_json(home / "server.json")
-    if (
-        isinstance(info, dict)
-        and pid_alive(info.get("pid", -1))
-        and healthy(info.get("api_url", ""), cafile=info.get("ssl_cert_file"))
-    ):
-        return info
-    return None
 
 
 def _other_users(home: Path) -> list[int]:
@@ -114,6 +101,7 @@ def prefect_api(
     try:
         _beside_the_start(starting, {"PREFECT_HOME": str(home / CLIENT_HOME_DIR)})
         info = running_server(home)
+        _report_left_over(home)
         if info is None:
             info = start_recorded(
                 home,
@@ -142,6 +130,17 @@ def prefect_api(
                 _left_running[home] = info
             else:
                 _stop(home, info)
+
+
+def _report_left_over(home: Path) -> None:
+    """Warn about the servers other runs left running and nothing uses (``espnet3-prefect servers``
+    marks them too); one of ``home`` is reused by this run, and stopped at its end, so it goes unsaid."""
+    from espnet3_prefect.server.registry import report_left_over
+
+    try:
+        report_left_over(skip_state_dir=home)
+    except Exception as exc:  # noqa: BLE001 - a report only: the run goes on
+        log.debug("could not look for servers left over: %s", exc)
 
 
 def _beside_the_start(starting: Callable[[dict[str, str]], None] | None, environ: dict[str, str]) -> None:
@@ -235,23 +234,6 @@ def start_recorded(
         write_client_file(client_file(home), ClientCredentials(url, auth_string, ssl_cert_file=info["ssl_cert_file"]))
     atomic_write_text(home / "server.json", json.dumps(info))
     return info
-
-
-def forget_server(home: Path, pid: int, api_url: str) -> None:
-    """After the server ``pid`` of ``home`` stopped: its record, its client file (the credential is
-    worth nothing now; no stale secret left on disk) and its certificate folder go."""
-    from espnet3_prefect.server.auth import client_file
-    from espnet3_prefect.server.https import ServerTLS
-
-    record, client = read_json(home / "server.json"), read_json(client_file(home))
-    mine = isinstance(record, dict) and record.get("pid") == pid
-    if mine:
-        (home / "server.json").unlink(missing_ok=True)
-    if isinstance(client, dict) and client.get("api_url") == api_url:
-        client_file(home).unlink(missing_ok=True)
-        mine = mine or bool(client.get("ssl_cert_file"))
-    if mine:
-        ServerTLS.of(home).remove()
 
 
 def _flush_prefect() -> None:

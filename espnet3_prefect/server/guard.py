@@ -11,7 +11,7 @@ group only as the last resort, then exits.
 Every ``WATCH_S`` it looks at its parent, the run: when the guard's parent has changed (the run is
 gone: the guard was handed to init or a subreaper) and no other live process is recorded as a user
 in ``<state>/users/<pid>`` (concurrent runs of one project share one server), it stops the server as
-above and removes the records the run would have removed (:func:`~espnet3_prefect.server.embedded.forget_server`,
+above and removes the records the run would have removed (:func:`~espnet3_prefect.server.process.forget_server`,
 the registry record). A run that ends normally stops the server itself, as before; a run that ends
 while another still uses the server leaves it to that one, and to this guard if that one dies too.
 
@@ -108,7 +108,7 @@ def forget(args: argparse.Namespace) -> None:
     except OSError:
         pass
     code = (
-        "import sys; from pathlib import Path; from espnet3_prefect.server.embedded import forget_server; "
+        "import sys; from pathlib import Path; from espnet3_prefect.server.process import forget_server; "
         "forget_server(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3])"
     )
     try:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from espnet3_prefect._internal.atomic import atomic_write_text
-from espnet3_prefect._internal.proc import stop_group
+from espnet3_prefect._internal.proc import pid_alive, stop_group
+from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.services import service_environ
 from espnet3_prefect.server.state_home import PREFECT_HOME_DIR, registry_dir
@@ -256,3 +257,32 @@ def _register(
         atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))
     except OSError as exc:  # a run does not fail for it; only `servers` will not list this one
         log.warning("could not record the Prefect server in %s: %s", registry_dir(), exc)
+
+
+def running_server(home: Path) -> dict | None:
+    """``{"pid", "api_url", "ui_url"}`` of the server recorded in ``home`` while it is alive and healthy."""
+    info = read_json(home / "server.json")
+    if (
+        isinstance(info, dict)
+        and pid_alive(info.get("pid", -1))
+        and healthy(info.get("api_url", ""), cafile=info.get("ssl_cert_file"))
+    ):
+        return info
+    return None
+
+
+def forget_server(home: Path, pid: int, api_url: str) -> None:
+    """After the server ``pid`` of ``home`` stopped: its record, its client file (the credential is
+    worth nothing now; no stale secret left on disk) and its certificate folder go."""
+    from espnet3_prefect.server.auth import client_file
+    from espnet3_prefect.server.https import ServerTLS
+
+    record, client = read_json(home / "server.json"), read_json(client_file(home))
+    mine = isinstance(record, dict) and record.get("pid") == pid
+    if mine:
+        (home / "server.json").unlink(missing_ok=True)
+    if isinstance(client, dict) and client.get("api_url") == api_url:
+        client_file(home).unlink(missing_ok=True)
+        mine = mine or bool(client.get("ssl_cert_file"))
+    if mine:
+        ServerTLS.of(home).remove()
