@@ -122,11 +122,16 @@ def forget(args: argparse.Namespace) -> None:
     except (OSError, subprocess.SubprocessError):
         pass
     users = os.path.join(args.home, "users")
-    for pid in (args.parent, os.getpid()):  # the dead run's own entry
-        try:
-            os.unlink(os.path.join(users, str(pid)))
-        except OSError:
-            pass
+    try:
+        names = os.listdir(users)
+    except OSError:
+        names = []
+    for name in names:  # the entries of the dead runs (this guard's run, the last user)
+        if not (name.isdigit() and _alive(int(name))) or int(name) == args.parent:
+            try:
+                os.unlink(os.path.join(users, name))
+            except OSError:
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:
