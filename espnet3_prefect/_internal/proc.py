@@ -60,9 +60,11 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def stop_group(pid: int, timeout_s: float = 20) -> None:
-    """Stop the process group led by ``pid`` (started with ``start_new_session``): TERM, then KILL."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def stop_group(pid: int, timeout_s: float = 20, first: int = signal.SIGTERM) -> None:
+    """Stop the process group led by ``pid`` (started with ``start_new_session``): ``first`` (the
+    signal its processes stop on: SIGTERM for most, SIGINT for a Prefect worker), then SIGKILL after
+    ``timeout_s`` (the last resort). Returns when ``pid`` is gone."""
+    for sig in (first, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
@@ -73,7 +75,7 @@ def stop_group(pid: int, timeout_s: float = 20) -> None:
                 os.waitpid(pid, os.WNOHANG)
             if not pid_alive(pid):
                 return
-            time.sleep(0.2)
+            time.sleep(0.1)
 
 
 def descendants(pid: int) -> list[int]:
@@ -95,27 +97,41 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def stop_tree(pid: int, timeout_s: float = 15) -> bool:
+def stop_tree(pid: int, timeout_s: float = 15, first: int = signal.SIGTERM) -> bool:
     """Stop ``pid``, its process group and every process it started, also those in their own session
-    (a Prefect worker starts each flow run as a child, which starts Dask workers): TERM, then KILL.
-    False when ``pid`` was not running (gone, or a zombie). Descendants are found through Linux
-    ``/proc`` (elsewhere only the group goes)."""
+    (a Prefect worker starts each flow run as a child in its own session, which starts Dask workers).
+    ``pid``'s group is told ``first`` (a Prefect worker stops on SIGINT: no new runs, then exit), every
+    other descendant SIGTERM (a flow run's engine and Dask's workers stop on it), all at once, so
+    that a parent that waits for its children does not wait in vain; whatever still runs after
+    ``timeout_s`` is killed (SIGKILL, the last resort). False when ``pid`` was not running (gone, or a
+    zombie). Descendants are found through Linux ``/proc`` (elsewhere only the group goes)."""
     if not (pid > 0 and running(pid)):
         return False
     family = descendants(pid)
-    stop_group(pid, timeout_s=timeout_s)  # does nothing when pid leads no group: then it goes with the family
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for last_resort in (False, True):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL if last_resort else first)  # nothing when pid leads no group
+        for member in (pid, *family):
+            if running(member) and not _in_group(member, pid):
+                sig = signal.SIGKILL if last_resort else first if member == pid else signal.SIGTERM
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(member, sig)
         left = [p for p in (pid, *family) if running(p)]
-        for child in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, sig)
         deadline = time.monotonic() + timeout_s
         while left and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.1)
             left = [p for p in left if running(p)]
         if not left:
             break
     return True
+
+
+def _in_group(pid: int, group: int) -> bool:
+    """Whether ``pid`` belongs to the process group ``group`` (then :func:`os.killpg` told it already)."""
+    try:
+        return os.getpgid(pid) == group
+    except OSError:
+        return False
 
 
 def running(pid: int) -> bool:

@@ -217,7 +217,9 @@ def deploy_local(args: argparse.Namespace) -> int:
     try:
         timings["worker_s"] = _wait_for_worker(creds, args.pool, worker, log)
     except Espnet3PrefectError:
-        stop_tree(worker.pid)
+        from espnet3_prefect.server.registry import stop_worker
+
+        stop_worker(worker.pid)
         raise
     state["timings"] = {k: round(v, 2) for k, v in timings.items()}
     atomic_write_text(home / STATE_FILE, json.dumps(state, indent=2))
@@ -256,7 +258,8 @@ def _print_ready(state: dict, headline: str) -> None:
 def stop_local(args: argparse.Namespace) -> int:
     """Stop the worker (and its flow runs) and the server recorded by ``deploy-local``."""
     from espnet3_prefect.server.embedded import forget_server
-    from espnet3_prefect.server.state_home import state_dir
+    from espnet3_prefect.server.registry import stop_worker
+    from espnet3_prefect.server.state_home import registry_dir, state_dir
 
     home = state_dir(args.state_dir)
     state = read_json(home / STATE_FILE)
@@ -267,11 +270,12 @@ def stop_local(args: argparse.Namespace) -> int:
         print(format_servers(list_servers()))
         return 0
     stopped = []
-    if stop_tree(state["worker_pid"]):
+    if stop_worker(state["worker_pid"]):
         stopped.append(f"worker pid {state['worker_pid']}")
     if stop_tree(state["server_pid"]):
         stopped.append(f"server pid {state['server_pid']}")
     (home / "users" / str(state["server_pid"])).unlink(missing_ok=True)
+    (registry_dir() / f"{state['server_pid']}.json").unlink(missing_ok=True)
     forget_server(home, state["server_pid"], state["api_url"])  # its record, credential and certificate
     (home / STATE_FILE).unlink(missing_ok=True)
     print("stopped " + (", ".join(stopped) if stopped else "nothing (already gone)"))

@@ -27,26 +27,13 @@ from pathlib import Path
 
 from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive
-from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.port import project_port, remember_port
-from espnet3_prefect.server.process import healthy, start_server, stop_server
+from espnet3_prefect.server.process import forget_server, running_server, start_server, stop_server
 from espnet3_prefect.server.state_home import CLIENT_HOME_DIR, state_dir
 from espnet3_prefect.server.watch import gone_reason, watching
 
 log = logging.getLogger("espnet3_prefect")
-
-
-def running_server(home: Path) -> dict | None:
-    """``{"pid", "api_url", "ui_url"}`` of the server recorded in ``home`` while it is alive and healthy."""
-    info = read_json(home / "server.json")
-    if (
-        isinstance(info, dict)
-        and pid_alive(info.get("pid", -1))
-        and healthy(info.get("api_url", ""), cafile=info.get("ssl_cert_file"))
-    ):
-        return info
-    return None
 
 
 def _other_users(home: Path) -> list[int]:
@@ -122,6 +109,7 @@ def prefect_api(
     try:
         _beside_the_start(starting, {"PREFECT_HOME": str(home / CLIENT_HOME_DIR)})
         info = running_server(home)
+        _report_left_over(home)
         if info is None:
             info = start_recorded(
                 home,
@@ -131,6 +119,7 @@ def prefect_api(
                 tls=with_tls,
                 given_host=chosen_host,
                 services="all" if keep else "run",
+                guard_parent=None if keep else os.getpid(),
             )
         creds = server_client(
             home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth, wanted_tls=with_tls
@@ -161,6 +150,17 @@ def _watched(watch: bool, api_url: str, what: str, rerun: str | None, cafile: st
         return
     with watching(api_url, what=what, rerun=rerun, cafile=cafile):
         yield
+
+
+def _report_left_over(home: Path) -> None:
+    """Warn about the servers other runs left running and nothing uses (``espnet3-prefect servers``
+    marks them too); one of ``home`` is reused by this run, and stopped at its end, so it goes unsaid."""
+    from espnet3_prefect.server.registry import report_left_over
+
+    try:
+        report_left_over(skip_state_dir=home)
+    except Exception as exc:  # noqa: BLE001 - a report only: the run goes on
+        log.debug("could not look for servers left over: %s", exc)
 
 
 def _beside_the_start(starting: Callable[[dict[str, str]], None] | None, environ: dict[str, str]) -> None:
@@ -213,9 +213,11 @@ def start_recorded(
     tls: bool = False,
     given_host: str | None = None,
     services: str = "all",
+    guard_parent: int | None = None,
 ) -> dict:
     """Start a server for ``home`` (with a new credential when ``auth``, serving HTTPS with a new
-    certificate naming ``host`` and ``given_host`` when ``tls``, running ``services``), write its 0600
+    certificate naming ``host`` and ``given_host`` when ``tls``, running ``services``, under a guard
+    that stops it once the process ``guard_parent`` has died, see :func:`start_server`), write its 0600
     client file (when ``auth`` or ``tls``) and record it in ``home/server.json``; return that record."""
     from espnet3_prefect.server.auth import ClientCredentials, client_file, new_auth_string, write_client_file
     from espnet3_prefect.server.https import ServerTLS
@@ -231,6 +233,7 @@ def start_recorded(
             auth_string=auth_string,
             tls=certs,
             services=services,
+            guard_parent=guard_parent,
         )
     except BaseException:
         if certs is not None:
@@ -251,23 +254,6 @@ def start_recorded(
         write_client_file(client_file(home), ClientCredentials(url, auth_string, ssl_cert_file=info["ssl_cert_file"]))
     atomic_write_text(home / "server.json", json.dumps(info))
     return info
-
-
-def forget_server(home: Path, pid: int, api_url: str) -> None:
-    """After the server ``pid`` of ``home`` stopped: its record, its client file (the credential is
-    worth nothing now; no stale secret left on disk) and its certificate folder go."""
-    from espnet3_prefect.server.auth import client_file
-    from espnet3_prefect.server.https import ServerTLS
-
-    record, client = read_json(home / "server.json"), read_json(client_file(home))
-    mine = isinstance(record, dict) and record.get("pid") == pid
-    if mine:
-        (home / "server.json").unlink(missing_ok=True)
-    if isinstance(client, dict) and client.get("api_url") == api_url:
-        client_file(home).unlink(missing_ok=True)
-        mine = mine or bool(client.get("ssl_cert_file"))
-    if mine:
-        ServerTLS.of(home).remove()
 
 
 def _flush_prefect() -> None:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from espnet3_prefect._internal.atomic import atomic_write_text
-from espnet3_prefect._internal.proc import stop_group
+from espnet3_prefect._internal.proc import pid_alive, stop_group
+from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.services import service_environ
 from espnet3_prefect.server.state_home import PREFECT_HOME_DIR, registry_dir
@@ -111,11 +112,16 @@ def start_server(
     auth_string: str | None = None,
     tls: ServerTLS | None = None,
     services: str = "all",
+    guard_parent: int | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
     ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
     ``tls`` (its files made) it serves HTTPS (:mod:`espnet3_prefect.server.serve`, the files by path).
-    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.server_services`)."""
+    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.server_services`).
+    ``guard_parent``: the pid of the run the server must not outlive (a server that is not kept): it
+    is started under :mod:`~espnet3_prefect.server.guard`, whose pid is the one returned, recorded
+    and stopped (:func:`stop_server` stops both), and which stops the server once that run has died
+    and no other run records itself as a user in ``home/users``."""
     from espnet3_prefect.server.host import url_host
 
     port = port or free_port(host)
@@ -159,6 +165,8 @@ def start_server(
             str(tls.key_file),
         ]
     log.info("starting Prefect server: %s", " ".join(cmd))
+    if guard_parent is not None:
+        cmd = [*guard_command(guard_parent, home, api_url), "--", *cmd]
     logfile = open(home / "server.log", "ab")
     proc = subprocess.Popen(
         cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -175,7 +183,16 @@ def start_server(
             )
         if healthy(api_url, cafile=cafile):
             warm_routes(api_url, cafile, auth_string)
-            _register(proc.pid, api_url, home, ui, auth=bool(auth_string), ca_file=cafile, services=services)
+            _register(
+                proc.pid,
+                api_url,
+                home,
+                ui,
+                auth=bool(auth_string),
+                ca_file=cafile,
+                services=services,
+                run_pid=guard_parent,
+            )
             return proc, api_url
         time.sleep(0.5)
     stop_server(proc.pid)
@@ -184,8 +201,30 @@ def start_server(
     )
 
 
+def guard_command(parent: int, home: Path, api_url: str) -> list[str]:
+    """The :mod:`~espnet3_prefect.server.guard` of a server that must not outlive ``parent`` (run as a
+    script in isolated mode: it imports only the standard library, never the package or Prefect)."""
+    from espnet3_prefect.server import guard
+
+    return [
+        sys.executable,
+        "-I",
+        guard.__file__,
+        "--parent",
+        str(parent),
+        "--home",
+        str(home),
+        "--api-url",
+        api_url,
+        "--registry",
+        str(registry_dir()),
+    ]
+
+
 def stop_server(pid: int, timeout_s: float = 20) -> None:
-    """Stop the server process group started by :func:`start_server` (TERM, then KILL)."""
+    """Stop the server process group started by :func:`start_server`: SIGTERM, which both a ``prefect
+    server start`` (uvicorn: a graceful shutdown) and its guard (which tells the server so and waits
+    for it) stop on, then SIGKILL after ``timeout_s``."""
     try:
         stop_group(pid, timeout_s)
     finally:
@@ -193,7 +232,14 @@ def stop_server(pid: int, timeout_s: float = 20) -> None:
 
 
 def _register(
-    pid: int, api_url: str, home: Path, ui: bool, auth: bool = False, ca_file: str | None = None, services: str = "all"
+    pid: int,
+    api_url: str,
+    home: Path,
+    ui: bool,
+    auth: bool = False,
+    ca_file: str | None = None,
+    services: str = "all",
+    run_pid: int | None = None,
 ) -> None:
     record = {
         "pid": pid,
@@ -204,9 +250,39 @@ def _register(
         "auth": auth,
         "ssl_cert_file": ca_file,
         "services": services,
+        "run_pid": run_pid,  # the run it stops with (its guard's parent); None: a server left running on purpose
     }
     try:
         registry_dir().mkdir(parents=True, exist_ok=True)
         atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))
     except OSError as exc:  # a run does not fail for it; only `servers` will not list this one
         log.warning("could not record the Prefect server in %s: %s", registry_dir(), exc)
+
+
+def running_server(home: Path) -> dict | None:
+    """``{"pid", "api_url", "ui_url"}`` of the server recorded in ``home`` while it is alive and healthy."""
+    info = read_json(home / "server.json")
+    if (
+        isinstance(info, dict)
+        and pid_alive(info.get("pid", -1))
+        and healthy(info.get("api_url", ""), cafile=info.get("ssl_cert_file"))
+    ):
+        return info
+    return None
+
+
+def forget_server(home: Path, pid: int, api_url: str) -> None:
+    """After the server ``pid`` of ``home`` stopped: its record, its client file (the credential is
+    worth nothing now; no stale secret left on disk) and its certificate folder go."""
+    from espnet3_prefect.server.auth import client_file
+    from espnet3_prefect.server.https import ServerTLS
+
+    record, client = read_json(home / "server.json"), read_json(client_file(home))
+    mine = isinstance(record, dict) and record.get("pid") == pid
+    if mine:
+        (home / "server.json").unlink(missing_ok=True)
+    if isinstance(client, dict) and client.get("api_url") == api_url:
+        client_file(home).unlink(missing_ok=True)
+        mine = mine or bool(client.get("ssl_cert_file"))
+    if mine:
+        ServerTLS.of(home).remove()

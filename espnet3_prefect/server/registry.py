@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,19 @@ from typing import NamedTuple
 
 from espnet3_prefect._internal.proc import pid_alive, stop_tree
 from espnet3_prefect.errors import Espnet3PrefectError
-from espnet3_prefect.server.embedded import forget_server
-from espnet3_prefect.server.process import healthy, stop_server
+from espnet3_prefect.server.process import forget_server, healthy, stop_server
 from espnet3_prefect.server.state_home import registry_dir
+
+#: what a ``prefect worker start`` stops on: SIGINT (it takes no new flow run, then exits); Prefect
+#: maps a first SIGTERM to it as well, but a second SIGTERM to SIGKILL of itself
+WORKER_STOP_SIGNAL = signal.SIGINT
+
+
+def stop_worker(pid: int, timeout_s: float = 15) -> bool:
+    """Stop deploy-local's process worker and the flow runs it started (:func:`stop_tree`): the worker
+    told :data:`WORKER_STOP_SIGNAL`, its flow runs (each in a session of its own, which it would
+    otherwise wait for) SIGTERM at the same time; killed only after ``timeout_s``."""
+    return stop_tree(pid, timeout_s, first=WORKER_STOP_SIGNAL)
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,8 @@ class ServerRecord:
     ui: bool = True
     worker_pid: int | None = None  # deploy-local's process worker, when this is deploy-local's server
     ssl_cert_file: str | None = None  # what its https:// API is verified with (api_tls.ServerTLS.ca_file)
+    services: str = "all"  # "run": started by a run for itself, not kept (no deployment scheduler)
+    run_pid: int | None = None  # the run it stops with (its guard's parent), when it has a guard
 
     @property
     def ui_url(self) -> str:
@@ -46,6 +59,12 @@ class ServerRecord:
         users = Path(self.state_dir) / "users"
         pids = [int(p.name) for p in users.glob("*") if p.name.isdigit()] if users.is_dir() else []
         return sorted(p for p in pids if p not in (self.pid, os.getpid()) and pid_alive(p))
+
+    def left_over(self) -> bool:
+        """A run's own server (not kept) that nothing uses any more: its run is gone (killed before it
+        could stop it, or started before servers had a guard) and no other run records itself as a
+        user. A guarded one is stopped by its guard within seconds; this one was not."""
+        return self.services == "run" and not (self.run_pid and pid_alive(self.run_pid)) and not self.users()
 
     def answers(self, timeout_s: float = 2.0) -> bool:
         return healthy(self.api_url, timeout_s, cafile=self.ssl_cert_file)
@@ -85,6 +104,8 @@ def list_servers() -> list[ServerRecord]:
                 "state_dir": str(data.get("state_dir", "")),
                 "ui": bool(data.get("ui", True)),
                 "ssl_cert_file": data.get("ssl_cert_file") or None,
+                "services": str(data.get("services", "all")),
+                "run_pid": int(data["run_pid"]) if data.get("run_pid") else None,
             }
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours to judge; never deleted
@@ -127,7 +148,7 @@ def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> 
             busy.append(server)
             continue
         if server.worker_pid:
-            stop_tree(server.worker_pid, timeout_s)
+            stop_worker(server.worker_pid, timeout_s)
         stop_server(server.pid, timeout_s)
         _forget(server)
         stopped.append(server)
@@ -153,6 +174,33 @@ def kept_server_message(server: ServerRecord) -> str:
     )
 
 
+def left_over_note(server: ServerRecord) -> str:
+    run = f" (pid {server.run_pid})" if server.run_pid else ""
+    return f"left over: the run that started it{run} is gone and nothing uses it"
+
+
+def report_left_over(skip_state_dir: Path | None = None) -> list[ServerRecord]:
+    """The servers :meth:`ServerRecord.left_over` finds (but those of ``skip_state_dir``, which the
+    caller reuses), each logged as a warning with the command that stops it; returned."""
+    import logging
+
+    found = [
+        s
+        for s in list_servers()
+        if s.left_over() and (skip_state_dir is None or Path(s.state_dir) != Path(skip_state_dir))
+    ]
+    for server in found:
+        logging.getLogger("espnet3_prefect").warning(
+            "a Prefect server an earlier run left running: %s (pid %s, state %s), %s; stop it: %s",
+            server.ui_url,
+            server.pid,
+            server.state_dir,
+            left_over_note(server),
+            server.stop_command,
+        )
+    return found
+
+
 def format_servers(servers: list[ServerRecord]) -> str:
     """The table ``espnet3-prefect servers`` prints."""
     if not servers:
@@ -163,6 +211,8 @@ def format_servers(servers: list[ServerRecord]) -> str:
         users = s.users()
         if users:
             note = ", ".join(filter(None, [note, "in use by pid " + " ".join(map(str, users))]))
+        elif s.left_over():
+            note = ", ".join(filter(None, [note, left_over_note(s)]))
         rows.append((str(s.pid), s.ui_url, s.started.replace("T", " ")[:19], s.state_dir, note))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + (f"  ({r[4]})" if r[4] else "") for r in rows]
@@ -175,7 +225,7 @@ def find_api(state: str | None):
     ``$PREFECT_API_AUTH_STRING`` and ``$PREFECT_API_SSL_CERT_FILE``), else the server ``deploy-local``
     (or ``--keep-server``) left running (with its client file's credential and certificate when it has them)."""
     from espnet3_prefect.server.auth import ClientCredentials, server_client
-    from espnet3_prefect.server.embedded import running_server
+    from espnet3_prefect.server.process import running_server
     from espnet3_prefect.server.state_home import state_dir
 
     url = os.environ.get("PREFECT_API_URL")

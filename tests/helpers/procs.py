@@ -77,10 +77,31 @@ def deploy_local(base: Path, prepare=None):
     try:
         yield proc, state, env
     finally:
+        from espnet3_prefect._internal.proc import descendants
+
+        # everything it started: the worker, the flow runs the worker started (their own sessions), the server
+        family = [p for k in ("worker_pid", "server_pid") if state for p in (state[k], *descendants(state[k]))]
+        started = time.monotonic()
         stop = subprocess.run([*CLI, "deploy-local", "--stop"], env=env, capture_output=True, text=True, timeout=120)
+        seconds = time.monotonic() - started
         if state is not None:
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and (pid_alive(state["worker_pid"]) or pid_alive(state["server_pid"])):
+            while time.monotonic() < deadline and any(pid_alive(p) for p in family):
                 time.sleep(0.5)
-            assert not pid_alive(state["worker_pid"]) and not pid_alive(state["server_pid"]), stop.stdout + stop.stderr
+            left = {p: _cmdline(p) for p in family if pid_alive(p)}
+            assert not left, f"left running after deploy-local --stop: {left}; {stop.stdout + stop.stderr}"
             assert not state_file.exists()
+            # each told the way it listens (the worker SIGINT), none waited out to be killed (was 19-20 s)
+            assert seconds < STOP_BOUND_S, f"deploy-local --stop took {seconds:.1f} s: {stop.stdout + stop.stderr}"
+
+
+#: what a ``deploy-local --stop`` may take, the CLI's own start included (it took 19-20 s when the
+#: worker was killed after a 15-s wait)
+STOP_BOUND_S = 12
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
