@@ -95,8 +95,8 @@ def prefect_api(
             )
         _beside_the_start(starting, {})
         with exported(external_client(lambda: state_dir(home))):
-            url = os.environ["PREFECT_API_URL"]
-            with _watched(watch, url, "the Prefect server of PREFECT_API_URL", rerun, os.environ.get("PREFECT_API_SSL_CERT_FILE")):
+            url, cafile = os.environ["PREFECT_API_URL"], os.environ.get("PREFECT_API_SSL_CERT_FILE")
+            with _watched(watch, url, "the Prefect server of PREFECT_API_URL", rerun, cafile):
                 yield url
         return
     address = resolve_host(chosen_host) if chosen_host else "127.0.0.1"
