@@ -8,30 +8,47 @@ log = logging.getLogger("espnet3_prefect")
 
 
 def mark_task_run_crashed(
-    task_run_id, message: str, *, task=None, name: str | None = None, flow_run_id=None, timeout_s: float = 15.0
+    task_run_id,
+    message: str,
+    *,
+    task=None,
+    name: str | None = None,
+    flow_run_id=None,
+    timeout_s: float = 60.0,
+    min_attempts: int = 3,
 ) -> None:
-    """Set a task run whose worker was killed to Crashed (prefect#12968).
+    """Set a task run whose worker was killed to Crashed (prefect#12968), under its own ``name``.
 
-    Left Running if its events were sent, or never recorded at all if the worker died before
-    sending them: then it is created here, Crashed, under the same id and name. The server may be
-    busy recording the dead worker's last events just then (its id can appear between our "not
-    found" and our create, a conflict), so the whole step is tried again for up to ``timeout_s``.
+    What the server holds of it depends on which of the dead worker's events arrived. All of them:
+    the run is left Running. Only the first (Pending): the run carries the placeholder name a worker
+    gives a task run before it renders ``task_run_name`` (``run-shard-a01``, not
+    ``run-shard-test_a-3``), so it is renamed here too; that is what a busy server showed (the
+    worker's Running event lost with the worker), and the shard was missing from the UI under its
+    name. None: it is created here, Crashed, under the same id and name. The server may be busy
+    recording the dead worker's last events just then (its id can appear between our "not found" and
+    our create: a 409 conflict, after which the run is there to be set), so the whole step is tried
+    again, at least ``min_attempts`` times and until ``timeout_s`` has passed. On a server recording
+    another run's task runs at the same time, one attempt took seconds: a 15-s budget was spent by a
+    "not found" and the conflict that followed it, and the shard stayed unmarked (seen here under
+    load; tests/integration/test_reliability.py, the kill-always test's ``busy`` case).
     """
+    import itertools
     import time
 
     deadline = time.monotonic() + timeout_s
     pause_s = 0.2
-    while True:
+    for attempt in itertools.count(1):
         try:
             _set_or_create_crashed(task_run_id, message, task=task, name=name, flow_run_id=flow_run_id)
             return
         except Exception as exc:  # reporting must not hide the shard's own failure
-            if time.monotonic() + pause_s > deadline:
+            if attempt >= min_attempts and time.monotonic() + pause_s > deadline:
                 log.warning("could not mark task run %s crashed: %s", task_run_id, exc)
                 return
             log.debug("marking task run %s crashed, trying again: %s", task_run_id, exc)
-            time.sleep(pause_s)
-            pause_s = min(2 * pause_s, 2.0)
+            if not _conflict(exc):  # a conflict: recorded meanwhile, set it now
+                time.sleep(pause_s)
+                pause_s = min(2 * pause_s, 2.0)
 
 
 def _set_or_create_crashed(task_run_id, message: str, *, task, name, flow_run_id) -> None:
@@ -41,6 +58,11 @@ def _set_or_create_crashed(task_run_id, message: str, *, task, name, flow_run_id
     with get_client(sync_client=True) as client:
         try:
             client.set_task_run_state(task_run_id, Crashed(message=message), force=True)
+            if name is not None:
+                response = client.request(
+                    "PATCH", "/task_runs/{id}", path_params={"id": task_run_id}, json={"name": name}
+                )
+                response.raise_for_status()
         except Exception as exc:
             if not _not_found(exc) or task is None or flow_run_id is None:
                 raise
@@ -52,6 +74,10 @@ def _set_or_create_crashed(task_run_id, message: str, *, task, name, flow_run_id
                 name=name,
                 state=Crashed(message=message),
             )
+
+
+def _conflict(exc: Exception) -> bool:
+    return getattr(getattr(exc, "response", None), "status_code", None) == 409
 
 
 def _not_found(exc: Exception) -> bool:

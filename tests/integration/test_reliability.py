@@ -72,12 +72,31 @@ def test_worker_killed_once_mid_shard_reruns_only_that_shard(prefect_server, tmp
     assert summary["shards_run"] == 4
 
 
-def test_shard_that_always_kills_its_worker_fails_by_name_and_others_stay_done(prefect_server, tmp_path, caplog):
+@pytest.mark.parametrize("server", ["idle", "busy"])
+def test_shard_that_always_kills_its_worker_fails_by_name_and_others_stay_done(
+    prefect_server, tmp_path, caplog, server
+):
     # The killer sits in the last shard: Dask also counts a death against tasks merely queued on
     # the dying worker, so with few allowed failures an innocent shard could be declared killed too.
+    # "busy": the server records another run's task runs meanwhile (the full suite's session server
+    # is busy like that), when the dead worker's Running event can be lost with it.
     cfg = toy_config(tmp_path, n=20, num_shards=4, bad={17: "kill_always"})
-    with dask.config.set({"distributed.scheduler.allowed-failures": 2}):
-        state = run_infer(tmp_path, cfg, return_state=True)
+    neighbour = None
+    if server == "busy":
+        neighbour = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.busy_server", "60", "100"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(5)  # its first flow's task runs are being recorded
+    try:
+        with dask.config.set({"distributed.scheduler.allowed-failures": 2}):
+            state = run_infer(tmp_path, cfg, return_state=True)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
     assert state.is_failed()
     message = str(state.message) + str(state.result(raise_on_failure=False))
     assert "split.3 items [15, 20): its worker died while running it (KilledWorker)" in message
@@ -145,6 +164,28 @@ def test_a_dead_workers_task_run_is_marked_crashed_through_a_failing_api_call(pr
     with get_client(sync_client=True) as client:
         run = client.read_task_run(task_run_id)
     assert (run.name, run.flow_run_id, run.state.type.value) == ("lost-0", flow_run.id, "CRASHED")
+
+
+def test_a_dead_workers_task_run_recorded_only_as_pending_is_marked_crashed_under_its_name(prefect_server, caplog):
+    # A worker names its task run with a placeholder until it renders task_run_name as the run starts;
+    # when only its Pending event arrived before it died, the server holds that placeholder.
+    from prefect import flow, get_client, task
+    from prefect.states import Pending
+
+    from espnet3_prefect.execution.run_states import mark_task_run_crashed
+
+    @task
+    def lost():
+        pass
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(flow(lambda: None, name="lost-worker"))
+        pending = client.create_task_run(lost, flow_run.id, dynamic_key="a01", name="lost-a01", state=Pending())
+    mark_task_run_crashed(pending.id, "its worker died", task=lost, name="lost-0", flow_run_id=flow_run.id)
+    assert not unmarked_warnings(caplog), unmarked_warnings(caplog)
+    with get_client(sync_client=True) as client:
+        run = client.read_task_run(pending.id)
+    assert (run.name, run.state.type.value) == ("lost-0", "CRASHED")
 
 
 def test_marking_a_crash_gives_up_with_one_warning_when_the_api_keeps_failing(prefect_server, caplog):
