@@ -20,6 +20,7 @@ from espnet3_prefect.flows.dispatch import DaskExecutor, take_run_lock
 from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD, stage_modules
 from espnet3_prefect.pipeline.dataprep import ensure_prepared
 from espnet3_prefect.pipeline.driver import drive_stage
+from espnet3_prefect.pipeline.duration import caveat
 from espnet3_prefect.pipeline.report import CONSOLE_OFF, format_summary, publish_summary, quiet_console
 from espnet3_prefect.pipeline.resume import already_complete
 from espnet3_prefect.pipeline.sizing import size_on_driver
@@ -62,6 +63,9 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None, wo
             spec.n_workers,
             ", ".join(s.test_set for s in stages),
         )
+        max_duration = next((s.work.max_duration for s in stages if s.work.max_duration is not None), None)
+        if max_duration is not None:  # once per run: every test set shares the runner block
+            logger.warning(caveat(max_duration))
         summaries = _run_stages(spec, stages, logger)
     finally:
         lock.release()

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from omegaconf import DictConfig
 
 from espnet3_prefect.pipeline.dataprep import ensure_prepared
-from espnet3_prefect.pipeline.sizing import checked_dataset
+from espnet3_prefect.pipeline.sizing import checked_dataset, require_lengths
 
 log = logging.getLogger("espnet3_prefect")
 
@@ -21,7 +21,9 @@ def check_inputs_before_start(cfg: DictConfig, stages: Iterable) -> None:
     for made in ensure_prepared(cfg):
         log.info("prepared data: %s", made)
     for stage in stages:
-        checked_dataset(stage)
+        dataset = checked_dataset(stage)
+        if dataset is not None:
+            require_lengths(stage, dataset)
 
 
 __all__ = ["check_inputs_before_start"]

@@ -1,6 +1,6 @@
-"""The ``runner:`` keys that steer the orchestration (retries, ``on_error``, free space, prefetch),
-never passed to the runner's constructor, and ``batch_size``: their defaults and checks. Moved out
-of ``stage.py``.
+"""The ``runner:`` keys that steer the orchestration (retries, ``on_error``, free space, prefetch,
+``max_duration``: batches by duration, see :mod:`espnet3_prefect.pipeline.duration`), never passed
+to the runner's constructor, and ``batch_size``: their defaults and checks. Moved out of ``stage.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,15 @@ from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH, check_prefetch
 
 # runner keys that steer the orchestration: ours, never passed to the runner's constructor
-RUNNER_CONTROL_KEYS = ("retries", "retry_delay_s", "on_error", "max_failed_ratio", "min_free_mb", "prefetch")
+RUNNER_CONTROL_KEYS = (
+    "retries",
+    "retry_delay_s",
+    "on_error",
+    "max_failed_ratio",
+    "min_free_mb",
+    "prefetch",
+    "max_duration",
+)
 ON_ERROR = ("fail", "skip")
 DEFAULT_MAX_FAILED_RATIO = 0.05
 DEFAULT_MIN_FREE_MB = 100.0

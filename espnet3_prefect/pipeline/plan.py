@@ -13,6 +13,13 @@ counts (:func:`balanced_cuts`): still contiguous, on batch boundaries, the same 
 same plan for the same lengths; the lengths' fingerprint joins the stage identity, so changed
 lengths re-plan.
 
+With ``runner.max_duration`` (:mod:`espnet3_prefect.pipeline.duration`) the shards are the same
+contiguous ranges, cut the same way; only what each ``forward`` call gets changes
+(:meth:`Shard.forward_units`: the shard's items sorted by length and cut on the budget), while
+:meth:`Shard.units` stays upstream's consecutive batches: the grouping the results are handed to the
+hooks in, and what ``manifest.json`` lists (so upstream ``infer()`` resuming the folder runs its own
+batches and writes its lines in order).
+
 The plan is persisted in upstream's ``manifest.json`` schema (:func:`write_manifest`).
 """
 
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -48,6 +55,12 @@ class Shard:
     #: the shard's own dataset indices when the run is over an explicit index list (``runner(indices)``);
     #: None when the items are ``range(start, stop)`` of the dataset (the infer stage)
     indices: tuple | None = None
+    #: the items' lengths (``lengths()`` of ``range(start, stop)``) as float64 little-endian bytes, when
+    #: the dataset has them: the shard's padding is measured on them (bytes: cheap to ship and to search);
+    #: not part of the plan's equality (the plan is the ranges and batches)
+    lengths: bytes | None = field(default=None, compare=False, repr=False)
+    #: ``runner.max_duration``: ``forward`` gets batches cut by length (None: upstream's batches)
+    max_duration: float | None = None
 
     @property
     def n_items(self) -> int:
@@ -65,6 +78,29 @@ class Shard:
             return
         for first in range(0, len(items), self.batch_size):
             yield list(items[first : first + self.batch_size])
+
+    def forward_units(self) -> list[Unit]:
+        """What each ``forward`` call gets, in call order: :meth:`units`, or with ``max_duration`` the
+        shard's items sorted longest first and cut on the budget (:func:`~.duration.duration_batches`).
+
+        >>> import numpy as np
+        >>> lengths = np.array([1, 5, 2, 2, 9, 1], dtype="<f8").tobytes()
+        >>> Shard("t", 0, 10, 16, 3, lengths=lengths, max_duration=6.0).forward_units()
+        [[14], [11], [12, 13, 10], [15]]
+        """
+        if self.max_duration is None:
+            return list(self.units())
+        from espnet3_prefect.pipeline.duration import duration_batches
+
+        return duration_batches(range(self.start, self.stop), self.item_lengths(), self.max_duration, self.batch_size)
+
+    def item_lengths(self) -> list[float] | None:
+        """The lengths of ``range(start, stop)``, or None when the dataset has none."""
+        if self.lengths is None:
+            return None
+        import numpy as np
+
+        return np.frombuffer(self.lengths, dtype="<f8").tolist()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,13 +129,16 @@ def plan_shards(
     batch_size: int | None = None,
     indices=None,
     lengths: Sequence[float] | None = None,
+    max_duration: float | None = None,
 ) -> list[Shard]:
     """Split the units of ``range(n_items)`` (or of the explicit ``indices`` list, positions
     ``0..n_items``) into ``num_shards`` contiguous runs; boundaries fall on batch boundaries.
 
     Without ``lengths`` the runs' unit counts differ by at most one. With ``lengths`` (one
     non-negative number per item, checked by the caller) the runs have about equal total length
-    (:func:`balanced_cuts`); all-zero lengths plan as if there were none.
+    (:func:`balanced_cuts`); all-zero lengths plan as if there were none. Each shard of
+    ``range(n_items)`` carries its items' lengths; ``max_duration`` (which needs ``lengths`` and a
+    ``batch_size``) changes only what its ``forward`` calls get (:meth:`Shard.forward_units`).
 
     >>> [(s.start, s.stop) for s in plan_shards("t", 7, 3)]
     [(0, 3), (3, 5), (5, 7)]
@@ -110,6 +149,8 @@ def plan_shards(
     """
     if n_items <= 0:
         raise ValueError(f"test set {test_set!r}: cannot plan shards for {n_items} items")
+    if max_duration is not None and (lengths is None or indices is not None or batch_size is None):
+        raise ValueError(f"test set {test_set!r}: max_duration needs lengths and a batch_size over range(n_items)")
     units = n_units(n_items, batch_size)
     num_shards = max(1, min(num_shards, units))
     step = batch_size or 1
@@ -121,11 +162,20 @@ def plan_shards(
             edge += base + (1 if index < extra else 0)
             cuts.append(edge)
     shards = []
+    values = None if lengths is None or indices is not None else _as_float64(lengths)
     for index in range(num_shards):
         start, stop = cuts[index] * step, min(cuts[index + 1] * step, n_items)
         own = None if indices is None else tuple(int(i) for i in indices[start:stop])
-        shards.append(Shard(test_set, index, start, stop, batch_size, own))
+        own_lengths = None if values is None else values[start:stop].tobytes()
+        shards.append(Shard(test_set, index, start, stop, batch_size, own, own_lengths, max_duration))
     return shards
+
+
+def _as_float64(lengths: Sequence[float]):
+    """The lengths as one little-endian float64 array (no copy for the checked array sizing gives)."""
+    import numpy as np
+
+    return np.ascontiguousarray(np.asarray(lengths, dtype=np.float64), dtype="<f8")
 
 
 def unit_costs(lengths: Sequence[float], n_items: int, step: int):

@@ -152,7 +152,24 @@ def add_timing(total: dict[str, Any], shard_summary: dict[str, Any]) -> dict[str
             total[key] = round((total.get(key) or 0.0) + float(value), 4)
     total["busy_s"] = round(total.get("busy_s", 0.0) + float(shard_summary.get("seconds") or 0.0), 4)
     total["shards"] = total.get("shards", 0) + 1
+    add_padding(total, shard_summary.get("padding"))
     return total
+
+
+def add_padding(total: dict[str, Any], padding: dict[str, Any] | None) -> None:
+    """Sum a shard's ``padding`` (``{"batches", "real", "padded"}``, present when its items' lengths
+    are known) into ``total["padding"]``; ``real / padded`` is the padding efficiency.
+
+    >>> t = {}
+    >>> add_padding(t, {"batches": 2, "real": 6.0, "padded": 8.0}); add_padding(t, None); t["padding"]
+    {'batches': 2, 'real': 6.0, 'padded': 8.0}
+    """
+    if not padding:
+        return
+    summed = total.setdefault("padding", {"batches": 0, "real": 0.0, "padded": 0.0})
+    summed["batches"] += int(padding.get("batches") or 0)
+    for key in ("real", "padded"):
+        summed[key] = round(summed[key] + float(padding.get(key) or 0.0), 6)
 
 
 def utilisation(timing: dict[str, Any] | None, workers: int) -> float | None:

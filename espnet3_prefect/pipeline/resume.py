@@ -13,11 +13,12 @@ import shutil
 import time
 from collections.abc import Callable
 
+from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.marker import check_marker
 from espnet3_prefect.pipeline.merge import merged_outputs_intact, read_merged_record
 from espnet3_prefect.pipeline.plan import Shard, default_num_shards, plan_shards
-from espnet3_prefect.pipeline.sizing import Sizing
+from espnet3_prefect.pipeline.sizing import Sizing, no_lengths
 from espnet3_prefect.pipeline.stage import Stage
 from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary
 
@@ -99,10 +100,14 @@ def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[StageSummary 
 
 def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:
     """The stage's shard plan for ``n_items`` items (``parallel.num_shards`` or the default count),
-    balanced on the dataset's ``lengths()`` when it has them."""
+    balanced on the dataset's ``lengths()`` when it has them; with ``runner.max_duration`` the same
+    shards, whose ``forward`` calls get batches cut by length (which needs the lengths)."""
     batch_size = stage.work.batch_size
+    max_duration = stage.work.max_duration
+    if max_duration is not None and lengths is None:
+        raise ConfigError(no_lengths(stage))
     count = stage.num_shards or default_num_shards(n_items, stage.n_workers, batch_size)
-    return plan_shards(stage.test_set, n_items, count, batch_size, lengths=lengths)
+    return plan_shards(stage.test_set, n_items, count, batch_size, lengths=lengths, max_duration=max_duration)
 
 
 def all_complete(stages: list[Stage]) -> list[dict] | None:

@@ -12,6 +12,10 @@ Around the hooks, and never changing what they receive: the shard lock, per-item
 written last, prefetch (the next units' ``dataset[i]`` read in a background thread while ``forward``
 runs, see :mod:`espnet3_prefect.pipeline.prefetch`) and where the time goes (:class:`~.prefetch.Timing`,
 carried in the shard's summary and its marker).
+
+With ``runner.max_duration`` the shard's ``forward`` calls get batches cut by length, and the results
+reach the hooks in dataset order, grouped as upstream's batches (:mod:`espnet3_prefect.pipeline.duration`).
+When the items' lengths are known, the summary's ``padding`` says how much of the batches was padding.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from espnet3_prefect.errors import (
     no_space,
 )
 from espnet3_prefect.espnet3.envcall import _accepts, call_with_env
+from espnet3_prefect.pipeline.duration import InOrder, padding
 from espnet3_prefect.pipeline.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
 from espnet3_prefect.pipeline.marker import remove_marker, write_marker
@@ -62,7 +67,9 @@ def process_shard(
 
     ``marker`` is what the done marker records besides the range and checksums (fingerprint, ...).
     ``prefetch``: units read ahead of ``forward`` (0: off). The summary and the marker carry
-    ``timing`` (see :class:`~.prefetch.Timing`).
+    ``timing`` (see :class:`~.prefetch.Timing`); the summary also ``padding`` when the shard knows its
+    items' lengths: ``{"batches", "real", "padded"}`` summed over the batches planned (real / padded
+    is the padding efficiency; a batch re-run item by item under ``on_error: skip`` counts as planned).
     """
     shard_dir = layout.shard_dir(shard.index)
     try:
@@ -89,9 +96,10 @@ def _process_shard(
     try:  # whatever fails from here on, the lock goes and no marker is written
         remove_marker(shard_dir)
         _clear(shard_dir)
+        units = shard.forward_units()
         failures = drive(
             runner_cls,
-            shard.units(),
+            units,
             env,
             shard.index,
             on_error=on_error,
@@ -99,6 +107,7 @@ def _process_shard(
             prefetch=prefetch,
             timing=timing,
             log=log,
+            hand_over=None if shard.max_duration is None else list(shard.units()),
         )
         committing = time.perf_counter()
         if failures:
@@ -128,8 +137,11 @@ def _process_shard(
     finally:
         release_shard_lock(layout.shard_lock(shard.index))
     seconds = round(time.perf_counter() - started, 4)
+    lengths = shard.item_lengths()
+    extra = {} if lengths is None else {"padding": padding(units, dict(zip(range(shard.start, shard.stop), lengths)))}
     return {
-        **shard.to_dict(),
+        **{k: v for k, v in shard.to_dict().items() if k != "lengths"},
+        **extra,
         "items": shard.n_items,
         "failed": len(failures),
         "seconds": seconds,
@@ -170,8 +182,12 @@ def drive(
     prefetch: int = DEFAULT_PREFETCH,
     timing: Timing | None = None,
     log: Callable[[str], Any] | None = None,
+    hand_over: list[Unit] | None = None,
 ) -> list[dict]:
     """``init_state`` -> ``forward`` + ``reduce_state`` per unit -> ``finalize_state``.
+
+    ``hand_over`` (batches by duration): the results of ``units`` (any order) reach ``reduce_state``
+    in the order and grouping of these units instead (:class:`~.duration.InOrder`).
 
     With ``prefetch`` > 0 and a dataset that can have a view (:mod:`espnet3_prefect.pipeline.prefetch`),
     ``forward`` gets that view as ``dataset`` while the next ``prefetch`` units are read ahead; every
@@ -191,6 +207,7 @@ def drive(
     if prefetcher is not None:
         forward_env, label_env = {**env, "dataset": prefetcher.view}, {**env, "dataset": _Peek(prefetcher)}
         timing.prefetch = prefetch
+    in_order = None if hand_over is None else InOrder(hand_over, getattr(runner_cls, "__qualname__", "runner"))
     try:
         try:
             for position, unit in enumerate(units):
@@ -199,7 +216,12 @@ def drive(
                     prefetcher.advance(position)
                     stalled = prefetcher.inline_wait_s
                 began = clock()
-                results = _forward(hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env)
+                if in_order is None:
+                    results = _forward(hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env)
+                else:
+                    results = _forward_in_order(
+                        in_order, hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env
+                    )
                 reduced = clock()
                 timing.forward_s += reduced - began - (prefetcher.inline_wait_s - stalled if prefetcher else 0.0)
                 for result in results:
@@ -212,6 +234,9 @@ def drive(
     except BaseException:
         close_quietly(state.get("_writers") if isinstance(state, dict) else None)
         raise
+    if in_order is not None and not in_order.finished:  # never close a shard with results held back
+        close_quietly(state.get("_writers") if isinstance(state, dict) else None)
+        raise RuntimeError(f"shard {shard_id}: results of items {in_order.groups[in_order.next]} never came back")
     began = clock()
     hooks.finalize(state, shard_id, env)
     timing.write_s += clock() - began
@@ -244,15 +269,43 @@ class _Peek:
         return self._prefetcher.peek(key)
 
 
+def _forward_in_order(
+    in_order: InOrder,
+    forward: Callable,
+    unit: Unit,
+    env: dict,
+    on_error: str,
+    failures: list,
+    idx_key: str,
+    label_env: dict,
+) -> list:
+    """:func:`_forward` for batches by duration: the unit's results (per item) and failures go to
+    ``in_order``; what it can hand on now, in dataset order, is returned."""
+    known = len(failures)
+    for part, result in _forward_parts(forward, unit, env, on_error, failures, idx_key, label_env):
+        in_order.add(part, result)
+    for failure in failures[known:]:
+        in_order.fail(failure["idx"])
+    return list(in_order.ready())
+
+
 def _forward(
     forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str, label_env: dict | None = None
 ) -> list:
     """``[result]`` for one unit; under ``on_error: skip`` a failing batch is retried item by item
     (as one-item batches, the shape ``forward`` expects) and failing items are left out.
     ``label_env``: where error messages read the utterance ids (default ``env``)."""
+    return [result for _, result in _forward_parts(forward, unit, env, on_error, failures, idx_key, label_env)]
+
+
+def _forward_parts(
+    forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str, label_env: dict | None = None
+) -> list[tuple[Unit, Any]]:
+    """:func:`_forward` with each result's unit: ``[(unit, result)]``, or the one-item batches that
+    succeeded when a batch was retried item by item."""
     label_env = env if label_env is None else label_env
     try:
-        return [call_with_env(forward, unit, env=env)]
+        return [(unit, call_with_env(forward, unit, env=env))]
     except (ConfigError, DiskFullError):
         raise
     except Exception as exc:
@@ -263,7 +316,7 @@ def _forward(
                 f"{unit_label(unit, label_env, idx_key)}: {describe(exc)}", retryable=is_retryable(exc)
             ) from exc
         if isinstance(unit, list) and len(unit) > 1:
-            return [r for i in unit for r in _forward(forward, [i], env, on_error, failures, idx_key, label_env)]
+            return [p for i in unit for p in _forward_parts(forward, [i], env, on_error, failures, idx_key, label_env)]
         index = unit[0] if isinstance(unit, list) else unit
         failures.append({"idx": index, "item": unit_label(unit, label_env, idx_key), "error": describe(exc)})
         return []

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from espnet3_prefect.errors import BadInputError, describe
+from espnet3_prefect.errors import BadInputError, ConfigError, describe
 
 if TYPE_CHECKING:
     from espnet3_prefect.pipeline.stage import Stage
@@ -42,6 +42,8 @@ def size_on_driver(stage: Stage) -> Sizing | None:
         return None
     n_items = len(dataset)
     lengths = dataset_lengths(dataset, n_items, stage.test_set)
+    if lengths is None and getattr(stage.work, "max_duration", None) is not None:
+        raise ConfigError(no_lengths(stage, dataset))
     return Sizing(n_items, dataset_id(dataset), lengths, None if lengths is None else lengths_fingerprint(lengths))
 
 
@@ -59,6 +61,23 @@ def checked_dataset(stage: Stage) -> Any:
     params = getattr(provider, "params", None) or {}
     check_input_keys(dataset, params.get("input_key"), params.get("inference_contract"), stage.test_set)
     return dataset
+
+
+def require_lengths(stage: Stage, dataset: Any) -> None:
+    """With ``runner.max_duration`` the dataset must have ``lengths()`` (checked before a server starts)."""
+    method = getattr(dataset, "lengths", None)
+    has_lengths = callable(method) and _callable_without_arguments(method)
+    if getattr(stage.work, "max_duration", None) is not None and not has_lengths:
+        raise ConfigError(no_lengths(stage, dataset))
+
+
+def no_lengths(stage: Stage, dataset: Any = None) -> str:
+    """The one line refusing ``runner.max_duration`` for a test set whose items' lengths are unknown."""
+    what = f"its dataset ({type(dataset).__name__})" if dataset is not None else "its provider (no build_dataset())"
+    return (
+        f"runner.max_duration: test set {stage.test_set!r}: {what} has no lengths() to cut batches by "
+        f"(one number per item, in the units of max_duration); add lengths() or drop the key"
+    )
 
 
 def dataset_lengths(dataset: Any, n_items: int, test_set: str) -> Any:

@@ -35,6 +35,7 @@ from espnet3_prefect.config.runner_keys import (
 from espnet3_prefect.config.targets import instantiate, load_callable, locate
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec
+from espnet3_prefect.pipeline.duration import check_max_duration
 from espnet3_prefect.pipeline.env import EnvBuilder
 from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
@@ -64,6 +65,9 @@ class StageWork:
     cwd: str = ""
     #: ``runner.prefetch``: units read ahead of ``forward`` in a background thread (0: off)
     prefetch: int = DEFAULT_PREFETCH
+    #: ``runner.max_duration``: batches cut by length inside each shard, in the units of the dataset's
+    #: ``lengths()`` (None: upstream's consecutive batches); part of the config, so of the fingerprint
+    max_duration: float | None = None
 
     def marker_expectation(self, start: int, stop: int) -> dict:
         return {"fingerprint": self.fingerprint, "identity": self.identity, "start": start, "stop": stop}
@@ -193,6 +197,7 @@ def _stage(
     given_dir = Path(str(cfg.inference_dir)) / name  # what upstream gives the runner and the hooks
     params = stage_params(config, contract)
     batch_size = check_batch_size(cfg.get("batch_size"))
+    max_duration = check_max_duration(cfg.runner.get("max_duration"), batch_size)
     provider_cfg = OmegaConf.create({k: v for k, v in cfg.provider.items() if k != "params"})
     provider = instantiate(provider_cfg, inference_config=config, params=params, _recursive_=False)
     runner = _runner(cfg, runner_cls, provider, params, batch_size, given_dir)
@@ -217,6 +222,7 @@ def _stage(
         allow_overwrite_lock=spec.allow_overwrite_lock,
         cwd=os.getcwd(),
         prefetch=control["prefetch"],
+        max_duration=max_duration,
     )
     stage = Stage(
         work=work,

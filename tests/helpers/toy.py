@@ -164,6 +164,15 @@ class CountingRunner(InferenceRunner):
         return InferenceRunner.forward(idx, **env)
 
 
+class BatchLogRunner(InferenceRunner):
+    """Logs one line ``<idx> <idx> ...`` per forward() call (a batch's indices in the order given)."""
+
+    @staticmethod
+    def forward(idx, batch_log=None, **env):
+        _append(batch_log, " ".join(map(str, idx if isinstance(idx, list) else [idx])))
+        return InferenceRunner.forward(idx, **env)
+
+
 class DiskFullRunner(CountingRunner):
     """The toy runner whose output writes fail with ENOSPC while the file ``full_flag`` exists."""
 

@@ -1,0 +1,149 @@
+"""Batches by duration (``runner.max_duration``, opt-in): what ``forward`` gets inside a shard, and the
+order its results reach the runner's hooks.
+
+Without the key nothing here runs: a shard's ``forward`` calls are upstream's consecutive batches.
+With it, shards stay the same contiguous index ranges (so resume, done markers, ``manifest.json``
+and ``merge`` are unchanged); inside each shard the items are sorted by length, longest first
+(ties: lower index first), and cut greedily into batches whose padded size, the longest item's
+length times the item count, stays within ``max_duration``, with at most ``batch_size`` items; an
+item longer than the budget alone forms its own batch. ``max_duration`` is in the units of the
+dataset's ``lengths()`` (seconds for durations, samples for sample counts).
+
+The results are handed to ``reduce_state`` / ``write_record`` in dataset order and in the grouping
+upstream's consecutive batches would have had (:class:`InOrder`): every per-shard file, and so every
+merged file, has the lines and line order of the run without the key. This needs a ``forward`` that
+returns a list with one result per item for a batch (as ESPnet3's runners do); another result is
+refused on one line naming the runner class, never written out of order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from espnet3_prefect.errors import ConfigError
+
+KEY = "max_duration"
+
+
+def check_max_duration(value: Any, batch_size: int | None) -> float | None:
+    """``runner.max_duration`` checked: None (off) or a number > 0, with a positive ``batch_size``.
+
+    >>> check_max_duration(None, None), check_max_duration(30, 16)
+    (None, 30.0)
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
+        raise ConfigError(
+            f"runner.{KEY}: must be a number > 0 (the most padded length per batch, in the units of the "
+            f"dataset's lengths(), e.g. seconds), got {value!r}"
+        )
+    if value == float("inf"):
+        raise ConfigError(f"runner.{KEY}: must be a finite number > 0, got {value!r}")
+    if batch_size is None:
+        raise ConfigError(
+            f"runner.{KEY}: needs batch_size (a positive integer, the most items per batch); "
+            f"batch_size is null (one item per forward call)"
+        )
+    return float(value)
+
+
+def caveat(max_duration: float) -> str:
+    """The one line a run with the key says once."""
+    return (
+        f"runner.{KEY}={max_duration:g}: batches are cut by length (sorted within each shard, outputs kept "
+        f"in dataset order), which changes batch composition; a model whose decoding depends on padding "
+        f"can change transcripts (ESPnet PR #6656: 79-87 of 100 identical at batch 4-16)"
+    )
+
+
+def duration_batches(
+    indices: Sequence[int], lengths: Sequence[float], max_duration: float, batch_size: int
+) -> list[list[int]]:
+    """``indices`` (with ``lengths[k]`` the length of ``indices[k]``) sorted longest first and cut so
+    that longest x count <= ``max_duration`` and count <= ``batch_size``; an item longer than the
+    budget is a batch of its own. Deterministic: ties keep the lower index first.
+
+    >>> duration_batches(range(10, 16), [1, 5, 2, 2, 9, 1], 6, 3)
+    [[14], [11], [12, 13, 10], [15]]
+    """
+    order = sorted(range(len(indices)), key=lambda k: (-float(lengths[k]), k))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0.0
+    for k in order:
+        length = float(lengths[k])
+        if current and (len(current) >= batch_size or max(longest, length) * (len(current) + 1) > max_duration):
+            batches.append(current)
+            current, longest = [], 0.0
+        current.append(int(indices[k]))
+        longest = max(longest, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def padding(units: Sequence[Any], length_of: dict[int, float]) -> dict[str, Any]:
+    """``{"batches", "real", "padded"}``: the summed real lengths and padded lengths (longest x count
+    per batch) of ``units``; ``real / padded`` is the padding efficiency.
+
+    >>> padding([[0, 1], [2]], {0: 1.0, 1: 3.0, 2: 2.0})
+    {'batches': 2, 'real': 6.0, 'padded': 8.0}
+    """
+    real = padded = 0.0
+    for unit in units:
+        items = unit if isinstance(unit, list) else [unit]
+        values = [length_of[i] for i in items]
+        real += sum(values)
+        padded += max(values, default=0.0) * len(values)
+    return {"batches": len(units), "real": round(real, 6), "padded": round(padded, 6)}
+
+
+class InOrder:
+    """Results of ``forward`` calls made in any order, handed on in dataset order, in ``groups``
+    (upstream's consecutive batches): a group goes as soon as each of its items has a result or
+    failed; a complete group as the list ``forward`` would have returned for it, a group with a
+    failed item item by item (as ``on_error: skip`` hands them on without the key)."""
+
+    def __init__(self, groups: Sequence[Any], runner_name: str):
+        self.groups = [g if isinstance(g, list) else [g] for g in groups]
+        self.runner_name = runner_name
+        self.next = 0
+        self.results: dict[int, Any] = {}
+        self.failed: set[int] = set()
+
+    def add(self, unit: Any, result: Any) -> None:
+        """``result``: what ``forward`` returned for ``unit`` (a list of indices)."""
+        items = unit if isinstance(unit, list) else [unit]
+        if not isinstance(result, list) or len(result) != len(items):
+            got = f"a list of {len(result)}" if isinstance(result, list) else type(result).__name__
+            raise ConfigError(
+                f"runner.{KEY}: {self.runner_name}.forward returned {got} for a batch of {len(items)} items; "
+                f"batches by duration need one result per item to write them in dataset order (drop the key)"
+            )
+        for index, one in zip(items, result):
+            self.results[index] = one
+
+    def fail(self, index: int) -> None:
+        self.failed.add(index)
+
+    def ready(self) -> Iterator[list]:
+        """The results that can go now, in order: each what one ``reduce_state`` call gets."""
+        while self.next < len(self.groups):
+            group = self.groups[self.next]
+            if any(i not in self.results and i not in self.failed for i in group):
+                return
+            self.next += 1
+            if not any(i in self.failed for i in group):
+                yield [self.results.pop(i) for i in group]
+                continue
+            for i in group:
+                if i in self.failed:
+                    self.failed.discard(i)
+                else:
+                    yield [self.results.pop(i)]
+
+    @property
+    def finished(self) -> bool:
+        return self.next == len(self.groups)
