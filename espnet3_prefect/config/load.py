@@ -51,10 +51,10 @@ def load_config(paths: Sequence[str | Path], overrides: Iterable[str] = ()) -> D
         raise ConfigError("no config file given: pass --config conf/inference.yaml")
     cfg = OmegaConf.create({})
     for path in paths:
-        cfg = OmegaConf.merge(cfg, _read_yaml(Path(path)))
+        cfg = OmegaConf.merge(cfg, read_yaml(Path(path)))
     for item in overrides:
-        _apply_override(cfg, item)
-    return _resolved(cfg)
+        apply_override(cfg, item)
+    return resolved(cfg)
 
 
 def load_config_input(config: Any, overrides: Iterable[str] = ()) -> DictConfig:
@@ -65,13 +65,14 @@ def load_config_input(config: Any, overrides: Iterable[str] = ()) -> DictConfig:
             OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig) else config
         )
         for item in overrides or ():
-            _apply_override(cfg, item)
-        return _resolved(cfg)
+            apply_override(cfg, item)
+        return resolved(cfg)
     paths = [config] if isinstance(config, (str, Path)) else list(config or [])
     return load_config(paths, overrides or ())
 
 
-def _resolved(cfg: DictConfig) -> DictConfig:
+def resolved(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with its interpolations resolved in place; a failure is a one-line ConfigError."""
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
@@ -136,7 +137,8 @@ def _per_file(value: Any, path: Path) -> Any:
     return _FILE_RESOLVER.sub(absolute, value)
 
 
-def _read_yaml(path: Path) -> DictConfig:
+def read_yaml(path: Path) -> DictConfig:
+    """One config file read and checked (a mapping, no ``defaults:`` list), its file resolvers applied."""
     if not path.is_file():
         where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
         raise ConfigError(f"config file not found: {path}{where}")
@@ -156,7 +158,8 @@ def _read_yaml(path: Path) -> DictConfig:
     return OmegaConf.create(_per_file(data, path.resolve()))
 
 
-def _apply_override(cfg: DictConfig, item: str) -> None:
+def apply_override(cfg: DictConfig, item: str) -> None:
+    """Apply one ``key=value`` override to ``cfg`` in place (``+key=value`` adds, ``~key`` deletes)."""
     if item.startswith("~"):
         key = item[1:].split("=", 1)[0]
         parent, _, leaf = key.rpartition(".")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from espnet3_prefect.config.load import _apply_override, _read_yaml, _resolved
+from espnet3_prefect.config.load import apply_override, read_yaml, resolved
 from espnet3_prefect.errors import ConfigError, one_line
 
 logger = logging.getLogger("espnet3_prefect")
@@ -76,7 +76,7 @@ def load_recipe_configs(
     }
     if role != "inference":
         for item in inference_overrides:  # before the context is copied: its inference_dir reaches metrics
-            _apply_override(loaded["inference"], item)
+            apply_override(loaded["inference"], item)
     copy_context(
         training_config=loaded["training"],
         inference_config=loaded.get("inference"),
@@ -97,9 +97,9 @@ def load_recipe_configs(
             f"exp_dir ESPnet3's launcher copies, or set exp_tag)"
         ) from None
     for item in overrides:  # last: what the user says on the command line wins
-        _apply_override(loaded[role], item)
+        apply_override(loaded[role], item)
     return {
-        name: OmegaConf.to_container(_resolved(loaded[name]), resolve=True)
+        name: OmegaConf.to_container(resolved(loaded[name]), resolve=True)
         for name in dict.fromkeys((role, "inference"))
         if loaded.get(name) is not None
     }
@@ -115,7 +115,7 @@ def _load_role(load_and_merge, role: str, paths: Sequence[str], package: str) ->
     except Exception as exc:  # noqa: BLE001 - ESPnet3's loader: yaml, missing files, defaults lists
         raise ConfigError(f"{first}: ESPnet3's loader failed: {one_line(exc)}") from None
     for path in paths[1:]:
-        cfg = OmegaConf.merge(cfg, _read_yaml(Path(path)))
+        cfg = OmegaConf.merge(cfg, read_yaml(Path(path)))
     return cfg
 
 

@@ -30,7 +30,8 @@ DEFAULT_RETRIES = 2
 DEFAULT_RETRY_DELAY_S = (2.0, 10.0)
 
 
-def _runner_control(block: DictConfig) -> dict:
+def runner_control(block: DictConfig) -> dict:
+    """The ``runner:`` keys that steer the run (retries, on_error, ...), checked, with their defaults."""
     retries = block.get("retries", DEFAULT_RETRIES)
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ConfigError(f"runner.retries: must be an integer >= 0, got {retries!r}")

@@ -26,7 +26,8 @@ ESPNET3_ALIASES = {
 }
 
 
-def _espnet3_installed() -> bool:
+def espnet3_installed() -> bool:
+    """Whether ``espnet3`` can be imported."""
     try:
         importlib.import_module("espnet3")
     except ImportError:
@@ -39,12 +40,12 @@ def resolve_target(path: str) -> str:
 
     >>> stock = "espnet3.systems.base.inference_runner.InferenceRunner"
     >>> ours = "espnet3_prefect.espnet3.inference_runner.InferenceRunner"
-    >>> resolve_target(stock) == (stock if _espnet3_installed() else ours)
+    >>> resolve_target(stock) == (stock if espnet3_installed() else ours)
     True
     >>> resolve_target("my_recipe.src.Runner")
     'my_recipe.src.Runner'
     """
-    if path in ESPNET3_ALIASES and not _espnet3_installed():
+    if path in ESPNET3_ALIASES and not espnet3_installed():
         return ESPNET3_ALIASES[path]
     return path
 
@@ -68,7 +69,7 @@ def locate(path: str, key: str = "_target_") -> Any:
         obj = module
         break
     if obj is None:
-        if path.startswith("espnet3.") and not _espnet3_installed():
+        if path.startswith("espnet3.") and not espnet3_installed():
             close = difflib.get_close_matches(path, list(ESPNET3_ALIASES), n=1, cutoff=0.8)
             hint = (
                 f"did you mean {close[0]!r}?"

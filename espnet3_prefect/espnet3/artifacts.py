@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from espnet3_prefect.espnet3 import contract as _contract
-from espnet3_prefect.espnet3.audio import Audio, _upstream_audio, is_audio
+from espnet3_prefect.espnet3.audio import Audio, is_audio, upstream_audio
 
 _SUFFIXES = {"wav": ".wav", "npy": ".npy", "json": ".json", "pickle": ".pkl"}
 
@@ -56,7 +56,7 @@ _SUFFIXES = {"wav": ".wav", "npy": ".npy", "json": ".json", "pickle": ".pkl"}
 
 def _upstream(module: str, attribute: str):
     """ESPnet3's ``module.attribute`` when it is importable and not switched off, else None."""
-    if _contract.STANDALONE or _contract._find_upstream() is None:
+    if _contract.upstream_module() is None:
         return None
     return _import_upstream(module, attribute)
 
@@ -287,7 +287,7 @@ def materialize_output_value(
     upstream = _upstream("espnet3.systems.base.inference_runner", "_materialize_output_value")
     if upstream is not None:
         if isinstance(value, Audio):
-            value = _upstream_audio(value)  # ESPnet3 writes only its own Audio as wav
+            value = upstream_audio(value)  # ESPnet3 writes only its own Audio as wav
         return upstream(
             idx_value=idx_value,
             field_key=field_key,

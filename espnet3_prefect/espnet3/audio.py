@@ -198,14 +198,14 @@ class Audio:
         )
 
 
-def _upstream_audio(value: Any) -> Any:
+def upstream_audio(value: Any) -> Any:
     """Our Audio as ESPnet3's (same float32 samples), so ESPnet3's kinds accept it."""
     if isinstance(value, Audio):
         return _upstream_audio_class()(value.array, value.rate)
     return value
 
 
-def _shim_mapping(value: Any) -> Any:
+def shim_mapping(value: Any) -> Any:
     """A mapping whose values (or lists of values) of our Audio become ESPnet3's; else as is."""
     if not isinstance(value, Mapping):
         return value
@@ -218,16 +218,16 @@ def _shim_mapping(value: Any) -> Any:
     out = {}
     for key, v in value.items():
         if isinstance(v, (list, tuple)):
-            v = type(v)(_upstream_audio(x) for x in v)
-        out[key] = _upstream_audio(v)
+            v = type(v)(upstream_audio(x) for x in v)
+        out[key] = upstream_audio(v)
     return out
 
 
-class _AudioShimDataset:
+class AudioShimDataset:
     """Reads items from a dataset, handing ESPnet3 its own Audio class."""
 
     def __init__(self, dataset):
         self.dataset = dataset
 
     def __getitem__(self, index):
-        return _shim_mapping(self.dataset[index])
+        return shim_mapping(self.dataset[index])

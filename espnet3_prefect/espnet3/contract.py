@@ -60,9 +60,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from espnet3_prefect.errors import one_line
-from espnet3_prefect.espnet3.audio import ESPNET3_VERSION, Audio, _AudioShimDataset, _shim_mapping, is_audio
+from espnet3_prefect.espnet3.audio import ESPNET3_VERSION, Audio, AudioShimDataset, is_audio, shim_mapping
 from espnet3_prefect.espnet3.contract_kinds import SUPPORTED_KINDS, ContractTypeError
-from espnet3_prefect.espnet3.contract_standalone import Field, InferenceContract, _load_standalone
+from espnet3_prefect.espnet3.contract_standalone import Field, InferenceContract, load_standalone
 
 #: True: never hand work to espnet3, even where it is importable (this module and ``artifacts``).
 STANDALONE = False
@@ -158,7 +158,7 @@ def load_inference_contract(config: Any, *, allow_imports: bool = True):
     upstream = upstream_module()
     if upstream is not None:
         return upstream.load_inference_contract(config, allow_imports=allow_imports)
-    return _load_standalone(config, allow_imports)
+    return load_standalone(config, allow_imports)
 
 
 def resolve_inference_contract(contract: Any, root: str | None = None):
@@ -183,7 +183,7 @@ def resolve_inference_contract(contract: Any, root: str | None = None):
     if upstream is not None:
         return upstream.resolve_inference_contract(contract, root)
     if isinstance(contract, Mapping):
-        return _load_standalone(contract, True)
+        return load_standalone(contract, True)
     if _is_upstream_contract(contract):
         return contract
     raise TypeError(
@@ -203,7 +203,7 @@ def prepare_inference_inputs(dataset: Any, idx: Any, contract: Any, model: Any):
     if not isinstance(contract, InferenceContract):
         if not _is_upstream_contract(contract):
             _bad_contract(contract)
-        return _find_upstream().prepare_inference_inputs(_AudioShimDataset(dataset), idx, contract, model)
+        return _find_upstream().prepare_inference_inputs(AudioShimDataset(dataset), idx, contract, model)
     indices = list(idx) if isinstance(idx, (list, tuple)) else [idx]
     original = {index: dataset[index] for index in indices}
     prepared = {index: contract.prepare_input(sample, model, index=index) for index, sample in original.items()}
@@ -238,9 +238,9 @@ def validate_inference_outputs(result: Any, idx: Any, contract: Any, model: Any,
         if not _is_upstream_contract(contract):
             _bad_contract(contract)
         if isinstance(result, list):
-            result = [_shim_mapping(item) for item in result]
+            result = [shim_mapping(item) for item in result]
         else:
-            result = _shim_mapping(result)
+            result = shim_mapping(result)
         return _find_upstream().validate_inference_outputs(result, idx, contract, model, original, idx_key)
     batched = isinstance(idx, (list, tuple))
     indices = list(idx) if batched else [idx]

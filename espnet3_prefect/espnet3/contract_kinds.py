@@ -175,30 +175,32 @@ class _AudioKind(_Kind):
         return audio
 
 
-_KINDS: dict[str, _Kind] = {"audio": _AudioKind(), "number": _NumberKind(), "text": _TextKind()}
+#: The standalone kinds by name.
+KINDS: dict[str, _Kind] = {"audio": _AudioKind(), "number": _NumberKind(), "text": _TextKind()}
 #: Kinds the standalone implementation supports, and their built-in normalizers.
-SUPPORTED_KINDS = {name: tuple(kind.normalizers) for name, kind in sorted(_KINDS.items())}
+SUPPORTED_KINDS = {name: tuple(kind.normalizers) for name, kind in sorted(KINDS.items())}
 
 
 # --------------------------------------------------------------------------- declarations
 
 
-def _check_declaration(name: Any, kind: Any, channels: Any, options: Any, where: str) -> None:
-    if not isinstance(kind, str) or kind not in _KINDS:
+def check_declaration(name: Any, kind: Any, channels: Any, options: Any, where: str) -> None:
+    """Check one field's declaration (its kind, channels and kind options); errors name ``where``."""
+    if not isinstance(kind, str) or kind not in KINDS:
         if kind in NEEDS_ESPNET3_KINDS:
             raise ConfigError(f"{where}.kind: {kind!r} needs espnet3 installed ({INSTALL_ESPNET3})")
         if kind is None:
-            raise ConfigError(f"{where}.kind is missing; one of {sorted(_KINDS)}")
+            raise ConfigError(f"{where}.kind is missing; one of {sorted(KINDS)}")
         raise ConfigError(
             one_line(
-                f"{where}.kind: unknown kind {kind!r}; built in: {sorted(_KINDS)} "
+                f"{where}.kind: unknown kind {kind!r}; built in: {sorted(KINDS)} "
                 f"({', '.join(NEEDS_ESPNET3_KINDS)} and custom kinds from contract.imports need espnet3 "
                 f"installed: {INSTALL_ESPNET3})"
             )
         )
     if not isinstance(options, Mapping):
         raise ContractTypeError(f"{where}: kind options must be a mapping, got {type(options).__name__}")
-    _KINDS[kind].validate_options(options, where)
+    KINDS[kind].validate_options(options, where)
     if not isinstance(name, str) or not name.isidentifier():
         raise ConfigError(f"{where}: field name {name!r} must be a Python identifier")
     if channels is not None:

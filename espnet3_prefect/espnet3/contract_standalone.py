@@ -14,7 +14,7 @@ from typing import Any
 
 from espnet3_prefect.errors import ConfigError, one_line
 from espnet3_prefect.espnet3.audio import INSTALL_ESPNET3
-from espnet3_prefect.espnet3.contract_kinds import _KINDS, FIELD_KEYS, ContractTypeError, _check_declaration
+from espnet3_prefect.espnet3.contract_kinds import FIELD_KEYS, KINDS, ContractTypeError, check_declaration
 
 _TOP_KEYS = ("imports", "inputs", "outputs")
 
@@ -40,7 +40,7 @@ class Field:
     options: Mapping[str, Any] = dataclass_field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        _check_declaration(self.name, self.kind, self.channels, self.options, f"field {self.name!r}")
+        check_declaration(self.name, self.kind, self.channels, self.options, f"field {self.name!r}")
         if not self.label:
             object.__setattr__(self, "label", self.name.replace("_", " ").capitalize())
 
@@ -83,7 +83,7 @@ class InferenceContract:
                 raise KeyError(
                     f"contract.inputs.{spec.name}: required input {spec.name!r} is missing from {_item(index)}"
                 )
-            kind = _KINDS[spec.kind]
+            kind = KINDS[spec.kind]
             value = kind.apply(
                 sample[spec.name],
                 spec,
@@ -149,7 +149,7 @@ class InferenceContract:
                     f"contract.outputs.{spec.name}: declared output {spec.name!r} is missing from the result "
                     f"for {where_item}"
                 )
-            prepared[spec.name] = _KINDS[spec.kind].apply(
+            prepared[spec.name] = KINDS[spec.kind].apply(
                 result[spec.name], spec, model, spec.options, output=True, where=f"output {spec.name!r} of {where_item}"
             )
         prepared[idx_key] = result.get(idx_key, sample.get(idx_key, str(idx)))
@@ -172,7 +172,7 @@ def _section(raw: Any, section: str) -> tuple[Field, ...]:
         own = {key: value for key, value in declaration.items() if key in FIELD_KEYS}
         options = {key: value for key, value in declaration.items() if key not in FIELD_KEYS}
         own.setdefault("kind", None)
-        _check_declaration(str(name), own["kind"], own.get("channels"), options, where)
+        check_declaration(str(name), own["kind"], own.get("channels"), options, where)
         if section == "outputs" and own.get("optional"):
             raise ConfigError(f"{where}.optional: a declared output is always produced, so it cannot be optional")
         fields.append(Field(str(name), **own, options=options))
@@ -184,7 +184,8 @@ def _is_omegaconf(value: Any) -> bool:
     return omegaconf is not None and omegaconf.OmegaConf.is_config(value)
 
 
-def _load_standalone(config: Any, allow_imports: bool) -> InferenceContract | None:
+def load_standalone(config: Any, allow_imports: bool) -> InferenceContract | None:
+    """The ``contract`` block as our own :class:`InferenceContract` (None when there is none), checked."""
     if config is None:
         return None
     if _is_omegaconf(config):

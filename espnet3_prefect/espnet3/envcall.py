@@ -11,7 +11,8 @@ from espnet3_prefect.errors import ConfigError
 
 
 @lru_cache(maxsize=256)
-def _accepts(fn: Callable) -> tuple[frozenset[str], bool]:
+def accepts(fn: Callable) -> tuple[frozenset[str], bool]:
+    """The keyword names ``fn`` accepts, and whether it takes ``**kwargs``. Cached."""
     params = inspect.signature(fn).parameters.values()
     names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     return names, any(p.kind == p.VAR_KEYWORD for p in params)
@@ -37,7 +38,7 @@ def call_with_env(fn: Callable, *args: Any, env: Mapping[str, Any], **explicit: 
     >>> call_with_env(forward, 3, env={"model": lambda i: i * 2, "unused": 1})
     6
     """
-    names, takes_all = _accepts(fn)
+    names, takes_all = accepts(fn)
     clash = sorted(k for k in explicit if k in env and (takes_all or k in names))
     if clash:
         raise ConfigError(
@@ -59,6 +60,6 @@ def call_hook(fn: Callable, *args: Any, env: Mapping[str, Any], **explicit: Any)
     positional = _positional_count(fn)
     if positional is not None:
         args = args[:positional]
-        names, takes_all = _accepts(fn)
+        names, takes_all = accepts(fn)
         explicit = {k: v for k, v in explicit.items() if takes_all or k in names}
     return call_with_env(fn, *args, env=env, **explicit)

@@ -52,7 +52,7 @@ from espnet3_prefect.metrics.metric_contract import (
     check_metric_inputs,
     check_metric_output,
 )
-from espnet3_prefect.metrics.text_cleaner import TextCleaner, _espnet2_cleaner
+from espnet3_prefect.metrics.text_cleaner import TextCleaner, espnet2_cleaner
 
 
 def class_path(metric: Any) -> str:
@@ -95,7 +95,7 @@ class _ErrorRate(BaseMetric):
     def check_clean_types(cls, clean_types: Any) -> None:
         """Fail at config time (one line) for a cleaner this installation cannot run."""
         names = TextCleaner.names(clean_types)
-        if names and _espnet2_cleaner() is None:
+        if names and espnet2_cleaner() is None:
             TextCleaner.plan(names)
 
     def reset(self) -> None:

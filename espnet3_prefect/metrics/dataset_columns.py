@@ -60,7 +60,7 @@ def _scalar_only(idx_value: Any, field_key: str, value: Any, output_dir: Path, a
     )
 
 
-def _materializer() -> Callable[..., Any]:
+def materializer() -> Callable[..., Any]:
     """How one column value becomes an SCP value: the scalar itself, or the path of an artifact."""
     try:
         from espnet3_prefect.espnet3.artifacts import materialize_output_value  # type: ignore[import-not-found]
@@ -116,7 +116,7 @@ def dataset_column_scp(
     config.test_set = test_set
     dataset = provider_class(config).build_dataset(config)
     idx_key = inference_config.get("idx_key", "utt_id")
-    materialize = _materializer()
+    materialize = materializer()
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(path) as out:
         for idx in range(len(dataset)):

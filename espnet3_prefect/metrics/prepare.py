@@ -30,10 +30,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from espnet3_prefect.config.keys import METRICS_KEYS, check_top_level_keys
 from espnet3_prefect.config.load import fingerprint, load_config_input
-from espnet3_prefect.config.targets import _espnet3_installed, instantiate, locate, resolve_target
+from espnet3_prefect.config.targets import espnet3_installed, instantiate, locate, resolve_target
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.metrics import class_path
-from espnet3_prefect.metrics.dataset_columns import _materializer, provider_class, source_path
+from espnet3_prefect.metrics.dataset_columns import materializer, provider_class, source_path
 from espnet3_prefect.metrics.metric_contract import DATASET_PREFIX, check_metric_contract, check_metric_inputs
 from espnet3_prefect.metrics.metric_plan import MetricSpec, MetricsPlan
 
@@ -108,7 +108,7 @@ def _legacy_bindings(raw: Any, metric: Any, block: DictConfig, where: str) -> di
 
 
 def _instantiate_metric(block: DictConfig, target: str, where: str) -> Any:
-    if target == TER_TARGET and not _espnet3_installed():
+    if target == TER_TARGET and not espnet3_installed():
         raise ConfigError(
             f"{where}.metric._target_: {TER_TARGET} needs espnet3 installed (pip install "
             "espnet==202611 sentencepiece): it tokenizes with espnet2's SentencepiecesTokenizer; "
@@ -230,7 +230,7 @@ def prepare_metrics(
         provider_class(inference_config)
         # imported here, on the caller's thread: ESPnet3's writer pulls in dask_jobqueue, whose
         # import installs a signal handler and fails in the worker threads tasks run in
-        _materializer()
+        materializer()
     for spec in uses_dataset if inference_config is None else ():
         for name, source in spec.bindings.items():
             if not source.startswith(DATASET_PREFIX):

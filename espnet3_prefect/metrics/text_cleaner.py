@@ -73,7 +73,7 @@ class TextCleaner:
         self._steps: list[Callable[[str], str]] = []
         if not self.cleaner_types:
             return
-        espnet_cls = _espnet2_cleaner()
+        espnet_cls = espnet2_cleaner()
         if espnet_cls is not None:  # pragma: no cover - espnet2 is not in our own venv
             self._espnet = espnet_cls(self.cleaner_types)
             return
@@ -130,7 +130,8 @@ class TextCleaner:
         return text
 
 
-def _espnet2_cleaner():
+def espnet2_cleaner():
+    """ESPnet2's ``TextCleaner`` class when espnet2 is installed, else None."""
     try:
         from espnet2.text.cleaner import TextCleaner as EspnetCleaner
     except ImportError:

@@ -39,7 +39,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from espnet3_prefect.config.load import fingerprint, identity_config
-from espnet3_prefect.config.runner_keys import _runner_control, check_batch_size, runner_folder_options
+from espnet3_prefect.config.runner_keys import check_batch_size, runner_control, runner_folder_options
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.process_parallel import plain_parallel
 from espnet3_prefect.execution.spec import ParallelSpec
@@ -47,7 +47,7 @@ from espnet3_prefect.pipeline.env import EnvBuilder
 from espnet3_prefect.pipeline.layout import RunnerLayout
 from espnet3_prefect.pipeline.plan import Shard, default_num_shards, plan_shards
 from espnet3_prefect.pipeline.sizing import code_identity
-from espnet3_prefect.pipeline.stage import Stage, StageWork, _worker_setup
+from espnet3_prefect.pipeline.stage import Stage, StageWork, worker_setup
 
 
 class RunnerJob:
@@ -67,7 +67,7 @@ class RunnerJob:
         """The workers' env: ``provider.build_worker_setup_fn()`` (called now, on the driver, as upstream
         does) plus ``output_dir`` / ``shard_subdir``; a runner without a provider gets an empty env."""
         provider = getattr(self.runner, "provider", None)
-        setup = _empty_env if provider is None else _worker_setup(provider)
+        setup = _empty_env if provider is None else worker_setup(provider)
         return EnvBuilder(
             setup,
             str(self.runner.output_dir),
@@ -102,7 +102,7 @@ def prepare_job(runner: Any, indices: Iterable[int], parallel: Any, control: dic
     batch_size = check_batch_size(getattr(runner, "batch_size", None))
     resume, shard_subdir = runner_folder_options(runner, name)
     spec = ParallelSpec.from_config(plain_parallel(parallel))
-    control = _runner_control(OmegaConf.create(_control_block(control or {})))
+    control = runner_control(OmegaConf.create(_control_block(control or {})))
     layout = RunnerLayout(Path(runner.output_dir), shard_subdir)
     digest, identity = runner_fingerprint(runner, indices, batch_size)
     count = spec.num_shards or default_num_shards(len(indices), spec.n_workers, batch_size)

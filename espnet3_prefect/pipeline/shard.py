@@ -39,7 +39,7 @@ from espnet3_prefect.errors import (
     named,
     no_space,
 )
-from espnet3_prefect.espnet3.envcall import _accepts, call_with_env
+from espnet3_prefect.espnet3.envcall import accepts, call_with_env
 from espnet3_prefect.pipeline.duration import InOrder, padding
 from espnet3_prefect.pipeline.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
@@ -250,7 +250,7 @@ def _prefetcher(
     if depth <= 0 or len(units) < 2 or "dataset" not in env:
         return None
     try:
-        names, takes_all = _accepts(forward)
+        names, takes_all = accepts(forward)
     except (TypeError, ValueError):
         return None
     if not takes_all and "dataset" not in names:

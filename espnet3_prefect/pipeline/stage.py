@@ -28,8 +28,8 @@ from espnet3_prefect.config.runner_keys import (
     DEFAULT_RETRIES,
     DEFAULT_RETRY_DELAY_S,
     RUNNER_CONTROL_KEYS,
-    _runner_control,
     check_batch_size,
+    runner_control,
     runner_folder_options,
 )
 from espnet3_prefect.config.targets import instantiate, load_callable, locate
@@ -173,7 +173,7 @@ def build_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
         if OmegaConf.select(cfg, f"{key}._target_") is not None:
             locate(OmegaConf.select(cfg, f"{key}._target_"), f"{key}._target_")
     contract = load_contract(cfg)
-    control = _runner_control(runner_block)
+    control = runner_control(runner_block)
     return spec, [_stage(cfg, name, Path(inference_dir), runner_cls, contract, control, spec) for name in names]
 
 
@@ -207,7 +207,7 @@ def _stage(
         "config": identity_config(for_test_set(cfg, name)),
         "code": code_identity(runner_cls, type(provider), output_fn),
     }  # the dataset's id joins later
-    setup = _worker_setup(provider)
+    setup = worker_setup(provider)
     layout = StageLayout(out_dir, shard_subdir)
     work = StageWork(
         test_set=name,
@@ -266,7 +266,7 @@ def _accepted(cls: type) -> set[str] | None:
     return {p.name for p in params}
 
 
-def _worker_setup(provider: Any) -> Any:
+def worker_setup(provider: Any) -> Any:
     """``provider.build_worker_setup_fn()``, called on the driver as upstream does; a provider with
     only ``build_env_local`` builds the env the local way on each worker."""
     build = getattr(provider, "build_worker_setup_fn", None)

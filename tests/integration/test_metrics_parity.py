@@ -42,9 +42,9 @@ PROBE = "import espnet3.systems.base.metric, espnet3.systems.esp2_asr.metrics.we
 
 @pytest.fixture(scope="module")
 def parity_python() -> str:
-    from espnet3_prefect.config.targets import _espnet3_installed
+    from espnet3_prefect.config.targets import espnet3_installed
 
-    if _espnet3_installed():
+    if espnet3_installed():
         pytest.skip("espnet3 is importable here: run these tests from the project's own .venv")
     candidate = PARITY_PYTHON
     probe = subprocess.run([candidate, "-c", PROBE], capture_output=True, text=True, timeout=300)

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from espnet3_prefect._internal.scp import ScpField, count_aligned, iter_scp
-from espnet3_prefect.config.targets import _espnet3_installed, locate
+from espnet3_prefect.config.targets import espnet3_installed, locate
 from espnet3_prefect.errors import BadInputError, ConfigError
 from espnet3_prefect.metrics import (
     CER,
@@ -31,7 +31,7 @@ from tests.helpers.metrics_recipes import ColumnOrganizer
 
 WER_T = "espnet3.systems.esp2_asr.metrics.wer.WER"
 CER_T = "espnet3.systems.esp2_asr.metrics.cer.CER"
-pytestmark = pytest.mark.skipif(_espnet3_installed(), reason="tests our own classes: espnet3 must be absent")
+pytestmark = pytest.mark.skipif(espnet3_installed(), reason="tests our own classes: espnet3 must be absent")
 
 
 def scp_pair(root: Path, refs: list[str], hyps: list[str], test: str = "t") -> dict[str, Path]:
