@@ -40,6 +40,7 @@ from espnet3_prefect.errors import (
     no_space,
 )
 from espnet3_prefect.espnet3.envcall import accepts, call_with_env
+from espnet3_prefect.execution.backends import current_job_id
 from espnet3_prefect.pipeline.duration import InOrder, padding
 from espnet3_prefect.pipeline.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
@@ -147,7 +148,7 @@ def _process_shard(
         "seconds": seconds,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "job_id": _batch_job_id(),
+        "job_id": current_job_id(),
         "timing": timing.to_dict(),
     }
 
@@ -162,13 +163,6 @@ def _clear(shard_dir: Path) -> None:
             shutil.rmtree(child)
         else:
             child.unlink()
-
-
-def _batch_job_id() -> str | None:
-    for name in ("SLURM_JOB_ID", "JOB_ID", "PBS_JOBID", "LSB_JOBID", "OAR_JOB_ID"):
-        if os.environ.get(name):
-            return os.environ[name]
-    return None
 
 
 def drive(

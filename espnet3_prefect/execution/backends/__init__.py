@@ -83,15 +83,27 @@ def cluster_kwargs(spec: ParallelSpec, **context: Any) -> dict[str, Any]:
     return get(spec.env).cluster_kwargs(spec, ClusterContext(**context))
 
 
+#: The variables that name the batch job a process runs in, each its backend's ``job_id_variable``, in
+#: the order :func:`current_job_id` reads them (the first one set wins: SGE's ``JOB_ID`` before ``PBS_JOBID``).
+JOB_ID_VARIABLES: tuple[str, ...] = tuple(
+    backend.job_id_variable for module in (slurm, sge, pbs, lsf, oar) for backend in module.BACKENDS
+)
+
+
 def current_job_id() -> str | None:
-    """The batch job this process runs in (SLURM_JOB_ID, JOB_ID, PBS_JOBID, ...), or None."""
-    for backend in _REGISTRY.values():
-        if backend.job_id_variable and os.environ.get(backend.job_id_variable):
-            return os.environ[backend.job_id_variable]
+    """The batch job this process runs in (SLURM_JOB_ID, JOB_ID, PBS_JOBID, ...), or None.
+
+    >>> JOB_ID_VARIABLES
+    ('SLURM_JOB_ID', 'JOB_ID', 'PBS_JOBID', 'LSB_JOBID', 'OAR_JOB_ID')
+    """
+    for name in JOB_ID_VARIABLES:
+        if os.environ.get(name):
+            return os.environ[name]
     return None
 
 
 __all__ = [
+    "JOB_ID_VARIABLES",
     "Backend",
     "ClusterContext",
     "batch",

@@ -11,7 +11,7 @@ class MoabBackend(JobqueueBackend):
     cluster_class = "dask_jobqueue.MoabCluster"
     extra = "moab"
     walltime = WalltimeFormat("seconds", ("M:S", "H:M:S"), "HH:MM:SS")
-    job_id_variable = "MOAB_JOBID"
+    job_id_variable = None  # not in backends.JOB_ID_VARIABLES: the summaries' job_id never read MOAB_JOBID
 
 
 BACKENDS = (MoabBackend(),)
