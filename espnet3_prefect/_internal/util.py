@@ -67,7 +67,7 @@ def put_on_pythonpath(folder: str | os.PathLike, *, first: bool = True, here_too
     return here
 
 
-# The Prefect API credential on workers (api_auth.py writes the file; backends pass on its path only).
+# The Prefect API credential on workers (server/auth.py writes the file; backends pass on its path only).
 CLIENT_FILE_VAR = "ESPNET3_PREFECT_CLIENT_FILE"
 CLIENT_FILE_PRELOAD = (
     "espnet3_prefect.execution.worker_api"  # the Dask worker preload that reads it (dask worker --preload)

@@ -1,7 +1,7 @@
 """``dataset:<column>`` metric inputs: where a binding's SCP file lies (:func:`source_path`), and a
 test set's own column written once as ``<inference_dir>/<test>/dataset/<column>.scp``
 (:func:`dataset_column_scp`), the test set built through the inference config's provider.
-Moved out of ``metrics_stage.py``.
+Moved out of ``metrics/prepare.py``.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def start_server(
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
     ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
     ``tls`` (its files made) it serves HTTPS (:mod:`espnet3_prefect.server.serve`, the files by path).
-    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.server_services`).
+    ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.services`).
     ``guard_parent``: the pid of the run the server must not outlive (a server that is not kept): it
     is started under :mod:`~espnet3_prefect.server.guard`, whose pid is the one returned, recorded
     and stopped (:func:`stop_server` stops both), and which stops the server once that run has died

@@ -1,7 +1,7 @@
 """The Prefect servers espnet3-prefect started and left running (``--keep-server``, ``deploy-local``):
 read from the per-user registry :func:`espnet3_prefect.server.state_home.registry_dir` (where
 :func:`~espnet3_prefect.server.process.start_server` records each one), listed, found by pid, URL or state
-dir, and stopped (``espnet3-prefect servers``). Moved out of ``server.py``.
+dir, and stopped (``espnet3-prefect servers``). Moved out of ``server/embedded.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class ServerRecord:
     state_dir: str
     ui: bool = True
     worker_pid: int | None = None  # deploy-local's process worker, when this is deploy-local's server
-    ssl_cert_file: str | None = None  # what its https:// API is verified with (api_tls.ServerTLS.ca_file)
+    ssl_cert_file: str | None = None  # what its https:// API is verified with (server/https.py ServerTLS.ca_file)
     services: str = "all"  # "run": started by a run for itself, not kept (no deployment scheduler)
     run_pid: int | None = None  # the run it stops with (its guard's parent), when it has a guard
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 # Variables every worker needs; batch jobs and SSH workers get them explicitly, since not every
 # scheduler passes the submitter's environment on (SGE and PBS do not without -V). With a Prefect
-# API that asks for auth, the path of the 0600 client file stands in for the URL (api_auth.py): the
+# API that asks for auth, the path of the 0600 client file stands in for the URL (server/auth.py): the
 # worker preload reads URL and credential from it, so no credential is ever in a job script. The
 # certificate an https:// API is verified with is a path, like the client file's (which also names it).
 EXPORTED_ENV = ("PREFECT_API_URL", "PREFECT_API_SSL_CERT_FILE", "PYTHONPATH", CLIENT_FILE_VAR)
