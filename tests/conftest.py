@@ -31,8 +31,11 @@ LONGEST_FIRST = (
     "tests/integration/test_deployments.py",  # 230 s
     "tests/integration/test_security_api.py",  # 224 s
     "tests/integration/test_checkpoint_events.py",  # 221 s
+    "tests/integration/test_reliability.py",  # ~200 s: worker kills, a busy server, a disk filling
+    "tests/integration/test_leftovers.py",  # ~130 s: drivers SIGKILLed, deploy-local --stop
     "tests/integration/test_browser_ui.py",  # 110 s
     "tests/integration/test_real_oar.py",  # 86 s
+    "tests/integration/test_server_faults.py",  # ~90 s: servers SIGKILLed mid-run
     "tests/integration/test_server_ui.py",  # 82 s
 )
 
