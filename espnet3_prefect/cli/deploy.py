@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -106,6 +107,14 @@ def _choose_port(port: int | None, host: str = "127.0.0.1") -> int:
             return free_port(host)
 
 
+def _listens_to_sigint() -> None:
+    """In the worker's child, before it runs: SIGINT back to its default. A command started in the
+    background of a shell (``... &``, ``nohup``, a test suite run that way) has SIGINT ignored, every
+    child inherits that, and Python keeps it ignored: the worker then never heard ``--stop``'s SIGINT
+    and was killed after the 15-s wait (19-20 s per stop, the same 16 s here in a background run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for_worker(creds, pool: str, proc: subprocess.Popen, log: Path) -> float:
     started = time.monotonic()
     with creds.sync_client() as client:
@@ -199,6 +208,7 @@ def deploy_local(args: argparse.Namespace) -> int:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_listens_to_sigint,
         )
     state = {
         "server_pid": info["pid"],

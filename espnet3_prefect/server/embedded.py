@@ -31,7 +31,7 @@ from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.port import project_port, remember_port
 from espnet3_prefect.server.process import forget_server, running_server, start_server, stop_server
 from espnet3_prefect.server.state_home import CLIENT_HOME_DIR, state_dir
-from espnet3_prefect.server.watch import gone_reason, watching
+from espnet3_prefect.server.watch import ServerWatch, watching
 
 log = logging.getLogger("espnet3_prefect")
 
@@ -106,6 +106,7 @@ def prefect_api(
     (home / "users").mkdir(exist_ok=True)
     me = home / "users" / str(os.getpid())
     me.touch()
+    watched: ServerWatch | None = None
     try:
         _beside_the_start(starting, {"PREFECT_HOME": str(home / CLIENT_HOME_DIR)})
         info = running_server(home)
@@ -130,12 +131,12 @@ def prefect_api(
     try:
         with exported(creds, home):
             what = f"the run's Prefect server (pid {info['pid']})"
-            with _watched(watch, info["api_url"], what, rerun, info.get("ssl_cert_file")):
+            with _watched(watch, info["api_url"], what, rerun, info.get("ssl_cert_file")) as watched:
                 yield info["api_url"]
     finally:
         me.unlink(missing_ok=True)
         if not keep and not _other_users(home):
-            if gone_reason() is None:  # nothing can be sent to a server that is gone
+            if watched is None or watched.reason is None:  # nothing can be sent to a server that is gone
                 _flush_prefect()
             if _holds:
                 _left_running[home] = info
@@ -144,12 +145,14 @@ def prefect_api(
 
 
 @contextlib.contextmanager
-def _watched(watch: bool, api_url: str, what: str, rerun: str | None, cafile: str | None) -> Iterator[None]:
+def _watched(
+    watch: bool, api_url: str, what: str, rerun: str | None, cafile: str | None
+) -> Iterator[ServerWatch | None]:
     if not watch:
-        yield
+        yield None
         return
-    with watching(api_url, what=what, rerun=rerun, cafile=cafile):
-        yield
+    with watching(api_url, what=what, rerun=rerun, cafile=cafile) as watched:
+        yield watched
 
 
 def _report_left_over(home: Path) -> None:

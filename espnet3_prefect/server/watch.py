@@ -10,7 +10,7 @@ The watch asks the server's ``/health`` every ``interval_s``. A refused connecti
 the process is gone) counts at once; a server that answers nothing (busy, or hung) counts only once
 it has been silent for ``silent_s``, since a loaded server can be slow without being gone. After
 ``refusals`` refusals in a row, or ``silent_s`` of silence, the watch records why
-(:func:`gone_reason`) and interrupts the thread that opened it (the main thread: the flow runs
+(:attr:`ServerWatch.reason`) and interrupts the thread that opened it (the main thread: the flow runs
 there), which unwinds like Ctrl-C: the run's cluster closes, finished shards stay done. The front
 doors turn that interruption into :class:`ServerGoneError` (``cli`` prints it and exits 1).
 """
@@ -32,15 +32,6 @@ log = logging.getLogger("espnet3_prefect")
 
 class ServerGoneError(Espnet3PrefectError, RuntimeError):
     """The Prefect server a run reports to stopped answering mid-run; the message says how to finish."""
-
-
-#: why the server of this process's run was declared gone (None while none was)
-_gone: list[str] = []
-
-
-def gone_reason() -> str | None:
-    """The one line saying which server stopped and what to do, once a watch declared it gone."""
-    return _gone[-1] if _gone else None
 
 
 def probe(api_url: str, timeout_s: float, cafile: str | None) -> str:
@@ -97,6 +88,7 @@ class ServerWatch:
     ):
         self.api_url, self.what, self.rerun, self.cafile = api_url, what, rerun, cafile
         self.interval_s, self.refusals, self.silent_s = interval_s, refusals, silent_s
+        self.reason: str | None = None  # the line, once this watch declared the server gone
         self._stop = threading.Event()
         self._target = threading.current_thread()
         self._client_settings, self._saved_retries = _client_settings(), None
@@ -112,6 +104,11 @@ class ServerWatch:
             self._thread.join(timeout=5)
         if self._saved_retries is not None:
             self._client_settings.max_retries = self._saved_retries
+        logging.getLogger("prefect.flow_runs").removeFilter(self._silenced)
+
+    def _silenced(self, record: logging.LogRecord) -> bool:
+        """Once the server is gone, the flow run's own log lines say nothing the line does not."""
+        return self.reason is None
 
     def _watch(self) -> None:
         refused, silent_since = 0, None
@@ -135,8 +132,10 @@ class ServerWatch:
     def _declare_gone(self, how: str) -> None:
         line = f"{self.what} at {self.api_url} {how} mid-run; the shards finished so far are kept on disk"
         line += f"; to finish the rest, re-run: {self.rerun}" if self.rerun else "; a re-run resumes from them"
-        _gone.append(line)
+        self.reason = line
         log.error("%s", line)
+        # the engine's last words about a run it could not report ("Finished in state Running()")
+        logging.getLogger("prefect.flow_runs").addFilter(self._silenced)
         # What Prefect still sends on the way out (the flow run's Crashed state) cannot arrive: one
         # try each instead of its retries with back-off (minutes, measured), until the watch stops.
         if self._client_settings is not None:
@@ -153,22 +152,22 @@ def watching(api_url: str, *, what: str, rerun: str | None = None, cafile: str |
     leaves the block (its interruption, or the error of an API call that failed first) leaves it as
     :class:`ServerGoneError`. Opened from another thread than the main one, the watch only logs the
     line (it cannot interrupt that thread)."""
-    before = len(_gone)
+    watch = ServerWatch(api_url, what=what, rerun=rerun, cafile=cafile)
     on_main = threading.current_thread() is threading.main_thread()
     ignored = on_main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     if ignored:  # started with Ctrl-C ignored (nohup ... &): it stays ignored, the watch's own still ends the run
 
         def only_the_watch(signum, frame):
-            if len(_gone) > before:
+            if watch.reason is not None:
                 raise KeyboardInterrupt
 
         signal.signal(signal.SIGINT, only_the_watch)
-    watch = ServerWatch(api_url, what=what, rerun=rerun, cafile=cafile).start()
+    watch.start()
     try:
         yield watch
     except (Exception, KeyboardInterrupt):
-        if len(_gone) > before:
-            raise ServerGoneError(_gone[-1]) from None
+        if watch.reason is not None:
+            raise ServerGoneError(watch.reason) from None
         raise
     finally:
         watch.stop()

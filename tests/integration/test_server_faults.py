@@ -29,7 +29,9 @@ def _slow_toy(tmp_path):
     return write_yaml(tmp_path / "inference.yaml", cfg)
 
 
-def _start_cli(path, tmp_path, env):
+def _start_cli(path, tmp_path, env, sigint):
+    """The CLI as a terminal starts it (``sigint`` SIG_DFL) or as ``nohup ... &`` does (SIG_IGN,
+    inherited and kept by Python): the watch ends the run the same way in both."""
     return subprocess.Popen(
         [*CLI, "infer", "--config", str(path)],
         cwd=tmp_path,
@@ -38,6 +40,7 @@ def _start_cli(path, tmp_path, env):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )
 
 
@@ -77,7 +80,7 @@ def _rerun_finishes(path, tmp_path, env, done_before: set[int]) -> None:
 def test_the_embedded_server_killed_mid_run_ends_the_run_on_one_line(tmp_path):
     path = _slow_toy(tmp_path)
     env = cli_env(tmp_path / "home")
-    proc = _start_cli(path, tmp_path, env)
+    proc = _start_cli(path, tmp_path, env, signal.SIG_DFL)
     out = tmp_path / "inference/test_a"
     _wait_for_done(out, 2, proc)
     server = json.loads((tmp_path / "home/server.json").read_text())
@@ -99,7 +102,7 @@ def test_a_users_own_server_going_away_mid_run_is_named_the_same_way(tmp_path):
     try:
         path = _slow_toy(tmp_path)
         env = {**cli_env(tmp_path / "home"), "PREFECT_API_URL": url}
-        proc = _start_cli(path, tmp_path, env)
+        proc = _start_cli(path, tmp_path, env, signal.SIG_IGN)
         _wait_for_done(tmp_path / "inference/test_a", 2, proc)
         os.killpg(server.pid, signal.SIGKILL)
         _ends_on_the_line(proc, time.monotonic(), "the Prefect server of PREFECT_API_URL")
@@ -140,7 +143,14 @@ def test_the_watch_interrupts_a_blocked_main_thread_once_the_server_is_gone():
             time.sleep(0.5)  # answered: nothing happens
             health.close()
             threading.Event().wait(60)  # a blocked wait, as the flow's as_completed: woken by the signal
-    assert watch.gone_reason().startswith("the test's server at ")
+    assert w.reason.startswith("the test's server at ")
+    # the next run of this process starts with a clean slate: a watch's verdict is its own
+    health = _Health()
+    try:
+        with watch.watching(health.url, what="the next server") as later:
+            assert later.reason is None
+    finally:
+        health.close()
 
 
 def test_the_probe_tells_a_refused_connection_from_an_answer():
