@@ -45,6 +45,7 @@ from espnet3_prefect.pipeline.duration import InOrder, padding
 from espnet3_prefect.pipeline.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
 from espnet3_prefect.pipeline.marker import remove_marker, write_marker
+from espnet3_prefect.pipeline.oom import Halving, halves, is_out_of_memory
 from espnet3_prefect.pipeline.plan import Shard, Unit
 from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH, Prefetcher, Timing, make_view
 from espnet3_prefect.pipeline.runner_hooks import RunnerHooks, close_quietly
@@ -98,6 +99,7 @@ def _process_shard(
         remove_marker(shard_dir)
         _clear(shard_dir)
         units = shard.forward_units()
+        halving = None if shard.max_duration is None else Halving(shard.index, log)
         failures = drive(
             runner_cls,
             units,
@@ -109,6 +111,7 @@ def _process_shard(
             timing=timing,
             log=log,
             hand_over=None if shard.max_duration is None else list(shard.units()),
+            halving=halving,
         )
         committing = time.perf_counter()
         if failures:
@@ -140,6 +143,8 @@ def _process_shard(
     seconds = round(time.perf_counter() - started, 4)
     lengths = shard.item_lengths()
     extra = {} if lengths is None else {"padding": padding(units, dict(zip(range(shard.start, shard.stop), lengths)))}
+    if halving is not None:
+        extra["oom_halvings"] = halving.count
     return {
         **{k: v for k, v in shard.to_dict().items() if k != "lengths"},
         **extra,
@@ -177,11 +182,13 @@ def drive(
     timing: Timing | None = None,
     log: Callable[[str], Any] | None = None,
     hand_over: list[Unit] | None = None,
+    halving: Halving | None = None,
 ) -> list[dict]:
     """``init_state`` -> ``forward`` + ``reduce_state`` per unit -> ``finalize_state``.
 
     ``hand_over`` (batches by duration): the results of ``units`` (any order) reach ``reduce_state``
-    in the order and grouping of these units instead (:class:`~.duration.InOrder`).
+    in the order and grouping of these units instead (:class:`~.duration.InOrder`); a batch that runs
+    out of memory is then split in halves (``halving``, :mod:`~.oom`; ignored without ``hand_over``).
 
     With ``prefetch`` > 0 and a dataset that can have a view (:mod:`espnet3_prefect.pipeline.prefetch`),
     ``forward`` gets that view as ``dataset`` while the next ``prefetch`` units are read ahead; every
@@ -202,6 +209,8 @@ def drive(
         forward_env, label_env = {**env, "dataset": prefetcher.view}, {**env, "dataset": _Peek(prefetcher)}
         timing.prefetch = prefetch
     in_order = None if hand_over is None else InOrder(hand_over, getattr(runner_cls, "__qualname__", "runner"))
+    if in_order is None:
+        halving = None  # upstream's batches: an out-of-memory error fails them as upstream's infer() would
     try:
         try:
             for position, unit in enumerate(units):
@@ -214,7 +223,7 @@ def drive(
                     results = _forward(hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env)
                 else:
                     results = _forward_in_order(
-                        in_order, hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env
+                        in_order, hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env, halving
                     )
                 reduced = clock()
                 timing.forward_s += reduced - began - (prefetcher.inline_wait_s - stalled if prefetcher else 0.0)
@@ -272,11 +281,13 @@ def _forward_in_order(
     failures: list,
     idx_key: str,
     label_env: dict,
+    halving: Halving | None = None,
 ) -> list:
     """:func:`_forward` for batches by duration: the unit's results (per item) and failures go to
-    ``in_order``; what it can hand on now, in dataset order, is returned."""
+    ``in_order``; what it can hand on now, in dataset order, is returned. A batch that runs out of
+    memory is split in halves (``halving``)."""
     known = len(failures)
-    for part, result in _forward_parts(forward, unit, env, on_error, failures, idx_key, label_env):
+    for part, result in _forward_parts(forward, unit, env, on_error, failures, idx_key, label_env, halving):
         in_order.add(part, result)
     for failure in failures[known:]:
         in_order.fail(failure["idx"])
@@ -293,10 +304,18 @@ def _forward(
 
 
 def _forward_parts(
-    forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str, label_env: dict | None = None
+    forward: Callable,
+    unit: Unit,
+    env: dict,
+    on_error: str,
+    failures: list,
+    idx_key: str,
+    label_env: dict | None = None,
+    halving: Halving | None = None,
 ) -> list[tuple[Unit, Any]]:
     """:func:`_forward` with each result's unit: ``[(unit, result)]``, or the one-item batches that
-    succeeded when a batch was retried item by item."""
+    succeeded when a batch was retried item by item, or the halves of a batch that ran out of memory
+    (``halving``, batches by duration only; a single item that does not fit fails as any item does)."""
     label_env = env if label_env is None else label_env
     try:
         return [(unit, call_with_env(forward, unit, env=env))]
@@ -305,15 +324,39 @@ def _forward_parts(
     except Exception as exc:
         if no_space(exc) is not None:  # not the item's fault: every item would fail ("skip" too)
             raise
-        if on_error != "skip":
-            raise ItemError(
-                f"{unit_label(unit, label_env, idx_key)}: {describe(exc)}", retryable=is_retryable(exc)
-            ) from exc
-        if isinstance(unit, list) and len(unit) > 1:
-            return [p for i in unit for p in _forward_parts(forward, [i], env, on_error, failures, idx_key, label_env)]
-        index = unit[0] if isinstance(unit, list) else unit
-        failures.append({"idx": index, "item": unit_label(unit, label_env, idx_key), "error": describe(exc)})
-        return []
+        if halving is not None and isinstance(unit, list) and len(unit) > 1 and is_out_of_memory(exc):
+            halving.split(unit_label(unit, label_env, idx_key), len(unit), exc)
+        else:
+            return _failed(forward, unit, env, on_error, failures, idx_key, label_env, exc)
+    # out of the except block: the failed batch's traceback (and the tensors it holds) is gone
+    return [
+        part
+        for half in halves(unit)
+        for part in _forward_parts(forward, half, env, on_error, failures, idx_key, label_env, halving)
+    ]
+
+
+def _failed(
+    forward: Callable,
+    unit: Unit,
+    env: dict,
+    on_error: str,
+    failures: list,
+    idx_key: str,
+    label_env: dict,
+    exc: Exception,
+) -> list[tuple[Unit, Any]]:
+    """A unit whose ``forward`` raised ``exc``: raised again naming its items, or under ``on_error: skip``
+    retried item by item, the failing items recorded in ``failures``."""
+    if on_error != "skip":
+        raise ItemError(
+            f"{unit_label(unit, label_env, idx_key)}: {describe(exc)}", retryable=is_retryable(exc)
+        ) from exc
+    if isinstance(unit, list) and len(unit) > 1:
+        return [p for i in unit for p in _forward_parts(forward, [i], env, on_error, failures, idx_key, label_env)]
+    index = unit[0] if isinstance(unit, list) else unit
+    failures.append({"idx": index, "item": unit_label(unit, label_env, idx_key), "error": describe(exc)})
+    return []
 
 
 def unit_label(unit: Unit, env: dict, idx_key: str = "utt_id") -> str:
