@@ -1,7 +1,8 @@
 """The pipeline driver: one stage, from its plan to its summary, the same for every way a stage runs.
 
 build env -> plan shards -> drop shard folders beyond the plan, write the manifest -> which shards run
-again (their done markers) -> run those shards (each marks itself done) -> merge -> summary.
+again (their done markers) -> run those shards (each marks itself done) -> merge -> summary (and, for
+the infer stage, the test set's ``.throughput.json``: :mod:`espnet3_prefect.pipeline.throughput`).
 
 Where the steps run is an :class:`Executor`'s business: the flows' executor
 (:class:`espnet3_prefect.flows.dispatch.DaskExecutor`) submits Prefect tasks to the ``DaskTaskRunner``
@@ -41,6 +42,8 @@ from espnet3_prefect.pipeline.resume import plan_for, remove_stale, shards_to_re
 from espnet3_prefect.pipeline.sizing import Sizing
 from espnet3_prefect.pipeline.stage import Stage
 from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary
+from espnet3_prefect.pipeline.throughput import of_summary
+from espnet3_prefect.pipeline.throughput import write as write_throughput
 
 
 class Executor(Protocol):
@@ -83,12 +86,13 @@ def drive_stage(
             built = {**built, "n_items": sizing.n_items, "dataset_id": sizing.dataset_id}
         stage = stage.with_dataset(built.get("dataset_id"), sizing.lengths_id if sizing else None)
         lengths = sizing.lengths if sizing is not None else None
-        shards = plan_for(stage, built["n_items"], lengths)
+        shards = plan_for(stage, built["n_items"], lengths, sizing.report_lengths if sizing is not None else None)
         if lengths is not None:
             log.info(
-                "%s: %d shards balanced on the dataset's lengths() (total %.6g)",
+                "%s: %d shards balanced on the items' lengths from %s (total %.6g)",
                 stage.test_set,
                 len(shards),
+                sizing.source,
                 float(lengths.sum()),
             )
     n_items = sum(s.n_items for s in shards)
@@ -106,6 +110,7 @@ def drive_stage(
     if built is not None:
         executor.forget_env(stage)
     items_run = sum(s.n_items for s in shards if redo.get(s.index)) if executor.records_merge else None
+    known = sizing is not None and sizing.item_lengths is not None
     summary = StageSummary.of(
         stage.test_set,
         shards,
@@ -115,8 +120,29 @@ def drive_stage(
         outputs=outputs,
         workers=(built or {}).get("workers", 0),
         items_run=items_run,
+        lengths={"source": sizing.source, "unit": sizing.unit} if known else None,
     )
+    if executor.records_merge and outcome.run:
+        _write_throughput(stage, summary, log)
     return summary, merged
+
+
+def _write_throughput(stage: Stage, summary: StageSummary, log: Any) -> None:
+    """``<test>/.throughput.json`` of the shards that ran (never read by upstream; a failed write is said,
+    never fatal: the outputs are merged already)."""
+    data = of_summary(summary.to_dict())
+    if data is None:
+        return
+    extra = {
+        "lengths_source": (summary.lengths or {}).get("source"),
+        "batch_size": stage.work.batch_size,
+        "max_duration": stage.work.max_duration,
+        "shards_run": summary.shards_run,
+    }
+    try:
+        write_throughput(stage.layout.throughput, stage.test_set, data, extra)
+    except OSError as exc:
+        log.warning("%s: %s not written: %s", stage.test_set, stage.layout.throughput, exc)
 
 
 def _prepare_folder(

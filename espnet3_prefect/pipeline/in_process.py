@@ -6,12 +6,14 @@ the flow ``run-runner``, so either one resumes the other's shards.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.merge import merge_stage
 from espnet3_prefect.pipeline.plan import Shard
+from espnet3_prefect.pipeline.report import add_timing, empty_timing
 from espnet3_prefect.pipeline.runner_job import prepare_job
 from espnet3_prefect.pipeline.shard import process_shard
 from espnet3_prefect.pipeline.stage import Stage
@@ -42,7 +44,8 @@ class InProcessExecutor:
 
     def run_shards(self, stage: Stage, shards: list[Shard], redo: dict[int, bool]) -> ShardOutcome:
         work = stage.work
-        outcome = ShardOutcome()
+        outcome = ShardOutcome(timing=empty_timing())
+        started = time.perf_counter()
         for shard in shards:
             if not redo[shard.index]:
                 outcome.cached += 1
@@ -59,6 +62,8 @@ class InProcessExecutor:
             )
             outcome.run += 1
             outcome.failed += result["failed"]
+            add_timing(outcome.timing, result)
+        outcome.timing["wall_s"] = round(time.perf_counter() - started, 4)
         return outcome
 
     def merge(self, stage: Stage, shards: list[Shard], n_items: int) -> tuple[Any, dict[str, str]]:

@@ -4,7 +4,9 @@ ESPnet3 202611's names are kept so a folder can be shared with upstream ``infer(
 
     <inference_dir>/                      .espnet3-prefect.lock (one run at a time), .prefect-cache/,
                                           .dask-jobs/<job name>/ (batch job logs)
-    <inference_dir>/<test>/               output_dir: merged <field>.scp, failures.jsonl, .merged.json
+    <inference_dir>/<test>/               output_dir: merged <field>.scp, failures.jsonl, .merged.json,
+                                          .throughput.json (RTFx, items/s, padding: ours only)
+    <inference_dir>/.prefect-cache/lengths/<test>.npz   item lengths read from audio headers (cache)
     <output_dir>/[<shard_subdir>/]        shards root: manifest.json (upstream's plan schema)
         split.N/                          one shard, written in place by the runner's hooks
         split.N/lock                      held while the shard runs (O_EXCL, pid on the first line)
@@ -34,6 +36,10 @@ MERGED_RECORD_NAME = ".merged.json"
 RUN_LOCK_NAME = ".espnet3-prefect.lock"
 CACHE_DIR_NAME = ".prefect-cache"
 JOB_LOGS_DIR_NAME = ".dask-jobs"
+#: in the cache folder: each test set's item lengths read from its audio headers (espnet3_prefect.pipeline.lengths)
+LENGTHS_CACHE_DIR_NAME = "lengths"
+#: beside the merged outputs of a test set: its throughput (RTFx, items/s, padding), never read by upstream
+THROUGHPUT_NAME = ".throughput.json"
 #: beside metrics.json in inference_dir: what it was computed from (espnet3_prefect.metrics.record)
 METRICS_RECORD_NAME = ".metrics.record.json"
 #: beside evaluate_history.jsonl in inference_dir: the trend across checkpoints (espnet3_prefect.checkpoints.trend)
@@ -140,6 +146,16 @@ class StageLayout:
     def cache_dir(self) -> Path:
         """Prefect's results for shard tasks (hidden, beside the outputs, on the shared filesystem)."""
         return self.inference_dir / CACHE_DIR_NAME
+
+    @property
+    def lengths_cache(self) -> Path:
+        """The test set's item lengths read from audio headers, keyed inside by the files' fingerprint."""
+        return self.cache_dir / LENGTHS_CACHE_DIR_NAME / f"{self.output_dir.name}.npz"
+
+    @property
+    def throughput(self) -> Path:
+        """The test set's throughput of the last run that ran shards (machine-readable; upstream never reads it)."""
+        return self.output_dir / THROUGHPUT_NAME
 
     def existing_shards(self) -> dict[int, Path]:
         """The ``split.N`` folders present under :attr:`root`, by N."""

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from espnet3_prefect.pipeline.throughput import add_worker, of_summary, throughput_line
+
 #: the least time between two updates of the progress artifact (the UI's progress bar) before the end
 ARTIFACT_EVERY_S = 5.0
 
@@ -153,6 +155,7 @@ def add_timing(total: dict[str, Any], shard_summary: dict[str, Any]) -> dict[str
     total["busy_s"] = round(total.get("busy_s", 0.0) + float(shard_summary.get("seconds") or 0.0), 4)
     total["shards"] = total.get("shards", 0) + 1
     add_padding(total, shard_summary.get("padding"))
+    add_worker(total, shard_summary)
     return total
 
 
@@ -226,9 +229,17 @@ def summary_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "write_s": round(timing.get("write_s") or 0.0, 2),
                 "utilisation": utilisation(timing, s.get("workers") or 0),
                 "bound": bound_by(timing),
+                **_throughput_columns(of_summary(s)),
             }
         )
     return rows
+
+
+def _throughput_columns(data: dict[str, Any] | None) -> dict[str, Any]:
+    """RTFx, audio seconds, padding efficiency and GPU busy share of a test set (None where unknown)."""
+    data = data or {}
+    keys = ("rtfx", "rtfx_per_worker_s", "audio_s", "padding_efficiency", "gpu_busy")
+    return {key: data.get(key) for key in keys} | {"throughput": data or None}
 
 
 def _rate(items: int, seconds: float) -> float | None:
@@ -241,15 +252,23 @@ def _rate(items: int, seconds: float) -> float | None:
 
 
 def publish_summary(summaries: list[dict[str, Any]]) -> None:
-    """The summary as a Prefect table artifact on the current flow run."""
+    """The summary as a Prefect table artifact on the current flow run, and per test set whose shards
+    ran its throughput per worker (:func:`espnet3_prefect.pipeline.throughput.publish`)."""
     from prefect.artifacts import create_table_artifact
 
+    from espnet3_prefect.pipeline.throughput import publish
+
+    rows = summary_rows(summaries)
+    for row in rows:
+        if row["throughput"]:
+            publish(row["test_set"], row["throughput"])
     create_table_artifact(
-        table=summary_rows(summaries),
+        table=[{k: v for k, v in row.items() if k != "throughput"} for row in rows],
         key="infer-summary",
         description="infer: per test set shards, items, seconds, items/s; time in shards "
         "(s, summed over workers): loading items, waiting for them, forward, "
-        "writing; worker utilisation; what bounds the run",
+        "writing; worker utilisation; what bounds the run; RTFx (audio seconds per wall second, and "
+        "per worker-second), audio seconds, padding efficiency, GPU busy share",
     )
 
 
@@ -284,6 +303,9 @@ def format_summary(summaries: list[dict[str, Any]]) -> str:
         timing = timing_line(row)
         if timing:
             lines.append(f"    {timing}")
+        throughput = throughput_line(row["throughput"])
+        if throughput:
+            lines.append(f"    {throughput}")
         for name, path in sorted((s.get("outputs") or {}).items()):
             lines.append(f"    {name}: {path}")
     return "\n".join(lines)

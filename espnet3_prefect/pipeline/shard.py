@@ -42,6 +42,7 @@ from espnet3_prefect.errors import (
 from espnet3_prefect.espnet3.envcall import accepts, call_with_env
 from espnet3_prefect.execution.backends import current_job_id
 from espnet3_prefect.pipeline.duration import InOrder, padding
+from espnet3_prefect.pipeline.gpu_busy import GpuBusy
 from espnet3_prefect.pipeline.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
 from espnet3_prefect.pipeline.marker import remove_marker, write_marker
@@ -71,7 +72,8 @@ def process_shard(
     ``prefetch``: units read ahead of ``forward`` (0: off). The summary and the marker carry
     ``timing`` (see :class:`~.prefetch.Timing`); the summary also ``padding`` when the shard knows its
     items' lengths: ``{"batches", "real", "padded"}`` summed over the batches planned (real / padded
-    is the padding efficiency; a batch re-run item by item under ``on_error: skip`` counts as planned).
+    is the padding efficiency; a batch re-run item by item under ``on_error: skip`` counts as planned);
+    ``gpu_busy`` where a GPU was sampled (:mod:`~.gpu_busy`); ``oom_halvings`` under ``max_duration``.
     """
     shard_dir = layout.shard_dir(shard.index)
     try:
@@ -100,19 +102,20 @@ def _process_shard(
         _clear(shard_dir)
         units = shard.forward_units()
         halving = None if shard.max_duration is None else Halving(shard.index, log)
-        failures = drive(
-            runner_cls,
-            units,
-            env,
-            shard.index,
-            on_error=on_error,
-            idx_key=idx_key,
-            prefetch=prefetch,
-            timing=timing,
-            log=log,
-            hand_over=None if shard.max_duration is None else list(shard.units()),
-            halving=halving,
-        )
+        with GpuBusy() as gpu:  # sampled only where NVML and a GPU are there
+            failures = drive(
+                runner_cls,
+                units,
+                env,
+                shard.index,
+                on_error=on_error,
+                idx_key=idx_key,
+                prefetch=prefetch,
+                timing=timing,
+                log=log,
+                hand_over=None if shard.max_duration is None else list(shard.units()),
+                halving=halving,
+            )
         committing = time.perf_counter()
         if failures:
             try:
@@ -145,6 +148,8 @@ def _process_shard(
     extra = {} if lengths is None else {"padding": padding(units, dict(zip(range(shard.start, shard.stop), lengths)))}
     if halving is not None:
         extra["oom_halvings"] = halving.count
+    if gpu.result() is not None:
+        extra["gpu_busy"] = gpu.result()
     return {
         **{k: v for k, v in shard.to_dict().items() if k != "lengths"},
         **extra,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import numbers
 import threading
 import time
@@ -16,35 +17,79 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from espnet3_prefect.errors import BadInputError, ConfigError, describe
+from espnet3_prefect.pipeline.lengths import has_file_source, lengths_from_files, unit_of
 
 if TYPE_CHECKING:
     from espnet3_prefect.pipeline.stage import Stage
+
+log = logging.getLogger("espnet3_prefect")
 
 
 @dataclass(frozen=True)
 class Sizing:
     """What the plan needs to know of a test set's dataset: its length, its own fingerprint, and
-    each item's cost when the dataset has ``lengths()`` (float64 array, checked) with their sha256."""
+    each item's cost when known (float64 array, checked) with their sha256: ``lengths`` plan the shards
+    (the dataset's ``lengths()``, or under ``runner.max_duration`` the lengths read from its files);
+    ``report_lengths`` (lengths read from its audio files without the key) only count the audio seconds
+    the run's throughput reports, never the plan. ``unit``/``source``: what the lengths are
+    (:mod:`espnet3_prefect.pipeline.lengths`)."""
 
     n_items: int
     dataset_id: str | None = None
     lengths: Any = None
     lengths_id: str | None = None
+    report_lengths: Any = None
+    unit: str | None = None
+    source: str | None = None
+
+    @property
+    def item_lengths(self) -> Any:
+        """The lengths the shards carry (for padding and audio seconds): planning or report-only ones."""
+        return self.lengths if self.lengths is not None else self.report_lengths
 
 
 def size_on_driver(stage: Stage) -> Sizing | None:
     """``provider.build_dataset(config)`` on the driver, as ESPnet3's ``infer()`` does before it runs a
     test set: its length plans the shards, its fingerprint joins the stage's, and a typo in
     ``input_key`` fails here, before any cluster starts. None for a provider without
-    ``build_dataset`` (the ``build-env`` task then sizes the test set on a worker)."""
+    ``build_dataset`` (the ``build-env`` task then sizes the test set on a worker).
+
+    Item lengths: the dataset's ``lengths()``, else (:mod:`espnet3_prefect.pipeline.lengths`) its audio
+    files' headers or the recipe's shape files. Those plan the shards only under ``runner.max_duration``
+    (where they are required); without it they are read for the report only, and a file that cannot be
+    read there is logged, not fatal (the run does not depend on them)."""
     dataset = checked_dataset(stage)
     if dataset is None:
         return None
     n_items = len(dataset)
+    ident = dataset_id(dataset)
     lengths = dataset_lengths(dataset, n_items, stage.test_set)
-    if lengths is None and getattr(stage.work, "max_duration", None) is not None:
-        raise ConfigError(no_lengths(stage, dataset))
-    return Sizing(n_items, dataset_id(dataset), lengths, None if lengths is None else lengths_fingerprint(lengths))
+    if lengths is not None:
+        return Sizing(n_items, ident, lengths, lengths_fingerprint(lengths), unit=unit_of(dataset), source="lengths()")
+    keyed = getattr(stage.work, "max_duration", None) is not None
+    try:
+        found = lengths_from_files(dataset, n_items, stage.test_set, **_file_sources(stage))
+    except BadInputError:
+        if keyed:
+            raise
+        log.info("test set %r: item lengths not read from its files (RTFx not reported)", stage.test_set, exc_info=True)
+        found = None
+    if found is None:
+        if keyed:
+            raise ConfigError(no_lengths(stage, dataset))
+        return Sizing(n_items, ident)
+    if keyed:
+        values = found.values
+        return Sizing(n_items, ident, values, lengths_fingerprint(values), unit=found.unit, source=found.source)
+    return Sizing(n_items, ident, report_lengths=found.values, unit=found.unit, source=found.source)
+
+
+def _file_sources(stage: Stage) -> dict[str, Any]:
+    """Where :func:`~.lengths.lengths_from_files` looks: the header cache, ``stats_dir``, ``input_key``."""
+    config = stage.config
+    stats_dir = config.get("stats_dir") if config is not None and hasattr(config, "get") else None
+    params = getattr(getattr(stage.runner, "provider", None), "params", None) or {}
+    return {"cache_file": stage.layout.lengths_cache, "stats_dir": stats_dir, "input_key": params.get("input_key")}
 
 
 def checked_dataset(stage: Stage) -> Any:
@@ -64,10 +109,15 @@ def checked_dataset(stage: Stage) -> Any:
 
 
 def require_lengths(stage: Stage, dataset: Any) -> None:
-    """With ``runner.max_duration`` the dataset must have ``lengths()`` (checked before a server starts)."""
+    """With ``runner.max_duration`` the items' lengths must be known: the dataset's ``lengths()``, its
+    audio files or the recipe's shape files (checked before a server starts, without reading them)."""
+    if getattr(stage.work, "max_duration", None) is None:
+        return
     method = getattr(dataset, "lengths", None)
-    has_lengths = callable(method) and _callable_without_arguments(method)
-    if getattr(stage.work, "max_duration", None) is not None and not has_lengths:
+    if callable(method) and _callable_without_arguments(method):
+        return
+    sources = _file_sources(stage)
+    if not has_file_source(dataset, stage.test_set, sources["stats_dir"], sources["input_key"]):
         raise ConfigError(no_lengths(stage, dataset))
 
 
@@ -76,7 +126,8 @@ def no_lengths(stage: Stage, dataset: Any = None) -> str:
     what = f"its dataset ({type(dataset).__name__})" if dataset is not None else "its provider (no build_dataset())"
     return (
         f"runner.max_duration: test set {stage.test_set!r}: {what} has no lengths() to cut batches by "
-        f"(one number per item, in the units of max_duration); add lengths() or drop the key"
+        f"(one number per item, in the units of max_duration), no audio_paths() to read them from, and no "
+        f"<stats_dir>/{stage.test_set}/*_shape file; add lengths() or audio_paths(), or drop the key"
     )
 
 

@@ -49,6 +49,8 @@ class StageSummary:
     jobs: list[str] = field(default_factory=list)
     timing: dict[str, Any] | None = None
     items_run: int | None = None
+    #: where the items' lengths came from and their unit (``{"source", "unit"}``), when known
+    lengths: dict[str, Any] | None = None
 
     @classmethod
     def of(
@@ -62,6 +64,7 @@ class StageSummary:
         outputs: dict[str, str] | None = None,
         workers: int = 0,
         items_run: int | None = None,
+        lengths: dict[str, Any] | None = None,
     ) -> StageSummary:
         """The summary of a stage whose ``shards`` ran as ``outcome`` says."""
         return cls(
@@ -77,11 +80,13 @@ class StageSummary:
             workers=workers,
             timing=outcome.timing,
             items_run=items_run,
+            lengths=lengths,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The plain dict the flows return (``items_run`` only where it was counted)."""
+        """The plain dict the flows return (``items_run`` and ``lengths`` only where known)."""
         out = dataclasses.asdict(self)
-        if self.items_run is None:
-            del out["items_run"]
+        for key in ("items_run", "lengths"):
+            if out[key] is None:
+                del out[key]
         return out

@@ -1,0 +1,192 @@
+"""How fast a test set decoded, in the unit speech people use, on every run: RTFx (seconds of audio
+decoded per wall second), the same per worker-second, items/s, padding efficiency (real over padded
+length of the batches run) and, on GPU workers, the GPU's busy share; per test set and per worker.
+
+Audio seconds are the summed lengths of the items of the shards that ran, when the lengths are in
+seconds (audio headers, or a dataset whose ``lengths()`` say ``lengths_unit = "s"``; see
+:mod:`espnet3_prefect.pipeline.lengths`). With lengths in samples or the dataset's own units, or none,
+RTFx is not reported (``null``): items/s always is, padding efficiency wherever lengths are known.
+The wall time is the shards' (first shard submitted to last one finished), not the stage's set-up and
+merge; a worker-second is a second one worker spent inside a shard.
+
+Shown in the closing summary (:func:`throughput_line`), in the UI (a table artifact per test set, one
+row per worker) and written to ``<inference_dir>/<test>/.throughput.json``
+(:attr:`~.layout.StageLayout.throughput`), which no upstream step reads or compares.
+
+>>> t = {"wall_s": 10.0, "busy_s": 18.0, "padding": {"batches": 4, "real": 90.0, "padded": 100.0},
+...      "by_worker": {"h:1": {"host": "h", "pid": 1, "shards": 2, "items": 30, "busy_s": 18.0, "audio": 90.0}}}
+>>> f = figures(t, items_run=30, unit="s")
+>>> f["rtfx"], f["rtfx_per_worker_s"], f["items_per_s"], f["padding_efficiency"]
+(9.0, 5.0, 3.0, 0.9)
+>>> figures(t, items_run=30, unit=None)["rtfx"] is None
+True
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from espnet3_prefect._internal.atomic import atomic_open
+
+THROUGHPUT_VERSION = 1
+
+
+def worker_name(shard_summary: dict[str, Any]) -> str:
+    """``host:pid`` of the process that ran a shard."""
+    return f"{shard_summary.get('host') or '?'}:{shard_summary.get('pid') or '?'}"
+
+
+def add_worker(total: dict[str, Any], shard_summary: dict[str, Any]) -> None:
+    """Book one shard run under its worker in ``total["by_worker"]``: shards, items, seconds in shards,
+    the items' summed length (``audio``: real length of its batches) and the GPU samples.
+
+    >>> t = {}
+    >>> add_worker(t, {"host": "n1", "pid": 7, "items": 4, "seconds": 2.0, "padding": {"real": 6.0},
+    ...                "gpu_busy": {"samples": 10, "busy": 0.5}})
+    >>> t["by_worker"]["n1:7"]["audio"], t["by_worker"]["n1:7"]["gpu_busy"]
+    (6.0, 0.5)
+    """
+    workers = total.setdefault("by_worker", {})
+    name = worker_name(shard_summary)
+    row = workers.setdefault(
+        name,
+        {"host": shard_summary.get("host"), "pid": shard_summary.get("pid"), "shards": 0, "items": 0, "busy_s": 0.0},
+    )
+    row["shards"] += 1
+    row["items"] += int(shard_summary.get("items") or 0)
+    row["busy_s"] = round(row["busy_s"] + float(shard_summary.get("seconds") or 0.0), 4)
+    padding = shard_summary.get("padding")
+    if padding:
+        row["audio"] = round(row.get("audio", 0.0) + float(padding.get("real") or 0.0), 6)
+    gpu = shard_summary.get("gpu_busy")
+    if gpu and gpu.get("samples"):
+        samples = row.get("gpu_samples", 0) + int(gpu["samples"])
+        busy_sum = row.get("gpu_busy", 0.0) * row.get("gpu_samples", 0) + float(gpu["busy"]) * int(gpu["samples"])
+        row["gpu_samples"], row["gpu_busy"] = samples, round(busy_sum / samples, 4)
+
+
+def _ratio(num: float | None, den: float | None, digits: int = 3) -> float | None:
+    return round(num / den, digits) if num is not None and den else None
+
+
+def figures(timing: dict[str, Any] | None, *, items_run: int, unit: str | None) -> dict[str, Any]:
+    """The throughput of the shards that ran: per test set and per worker (module docstring)."""
+    timing = timing or {}
+    wall, busy = timing.get("wall_s") or None, timing.get("busy_s") or None
+    padding = timing.get("padding")
+    seconds = unit == "s" and padding is not None
+    audio_s = round(float(padding["real"]), 3) if seconds else None
+    workers = []
+    gpu_samples = gpu_sum = 0.0
+    for name, row in sorted((timing.get("by_worker") or {}).items()):
+        w_audio = row.get("audio") if seconds else None
+        workers.append(
+            {
+                "worker": name,
+                "host": row.get("host"),
+                "pid": row.get("pid"),
+                "shards": row["shards"],
+                "items": row["items"],
+                "busy_s": row["busy_s"],
+                "audio_s": None if w_audio is None else round(w_audio, 3),
+                "rtfx_per_worker_s": _ratio(w_audio, row["busy_s"]),
+                "items_per_worker_s": _ratio(row["items"], row["busy_s"]),
+                "gpu_busy": row.get("gpu_busy"),
+            }
+        )
+        if row.get("gpu_samples"):
+            gpu_samples += row["gpu_samples"]
+            gpu_sum += row["gpu_busy"] * row["gpu_samples"]
+    return {
+        "items_run": items_run,
+        "wall_s": wall,
+        "busy_s": busy,
+        "audio_s": audio_s,
+        "lengths_unit": unit,
+        "rtfx": _ratio(audio_s, wall),
+        "rtfx_per_worker_s": _ratio(audio_s, busy),
+        "items_per_s": _ratio(items_run, wall),
+        "padding_efficiency": _ratio(padding["real"], padding["padded"]) if padding else None,
+        "gpu_busy": round(gpu_sum / gpu_samples, 4) if gpu_samples else None,
+        "workers": workers,
+    }
+
+
+def of_summary(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The figures of one stage summary (its dict), or None when no shard ran."""
+    if not summary.get("shards_run"):
+        return None
+    lengths = summary.get("lengths") or {}
+    items_run = summary.get("items_run")
+    if items_run is None:
+        items_run = sum(w["items"] for w in ((summary.get("timing") or {}).get("by_worker") or {}).values())
+    return figures(summary.get("timing"), items_run=items_run, unit=lengths.get("unit"))
+
+
+def throughput_line(data: dict[str, Any] | None) -> str:
+    """``throughput: RTFx 41.2 (21.0 per worker-second; 180.3 s of audio in 4.4 s), 63.2 items/s,
+    padding efficiency 0.93, GPU 71% busy``; with lengths not in seconds, ``RTFx n/a (...)``.
+
+    >>> throughput_line({"rtfx": None, "lengths_unit": "samples", "items_per_s": 5.0, "padding_efficiency": 0.5,
+    ...                  "gpu_busy": None})
+    'throughput: 5 items/s, padding efficiency 0.5; RTFx n/a (lengths in samples, not seconds)'
+    """
+    if not data:
+        return ""
+    parts = []
+    if data.get("rtfx") is not None:
+        per = data.get("rtfx_per_worker_s")
+        parts.append(
+            f"RTFx {data['rtfx']:g}"
+            + (f" ({per:g} per worker-second; {data['audio_s']:g} s of audio in {data['wall_s']:g} s)" if per else "")
+        )
+    if data.get("items_per_s") is not None:
+        parts.append(f"{data['items_per_s']:g} items/s")
+    if data.get("padding_efficiency") is not None:
+        parts.append(f"padding efficiency {data['padding_efficiency']:g}")
+    if data.get("gpu_busy") is not None:
+        parts.append(f"GPU {round(100 * data['gpu_busy'])}% busy")
+    line = "throughput: " + ", ".join(parts)
+    if data.get("rtfx") is None:
+        unit = data.get("lengths_unit")
+        why = "item lengths unknown" if unit is None and data.get("padding_efficiency") is None else None
+        why = why or ("lengths in the dataset's own units, not seconds" if unit is None else f"lengths in {unit}, not seconds")
+        line += f"; RTFx n/a ({why})"
+    return line
+
+
+def worker_rows(data: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One table row per worker (the UI's per-test-set artifact)."""
+    return [dict(w) for w in (data or {}).get("workers", [])]
+
+
+def artifact_key(test_set: str) -> str:
+    """A Prefect artifact key for a test set's throughput (lowercase letters, digits, dashes).
+
+    >>> artifact_key("Test_Clean.v2")
+    'throughput-test-clean-v2'
+    """
+    return "throughput-" + (re.sub(r"[^a-z0-9]+", "-", test_set.lower()).strip("-") or "test-set")
+
+
+def publish(test_set: str, data: dict[str, Any]) -> None:
+    """The per-test-set throughput as a Prefect table artifact: one row per worker, the totals above it."""
+    from prefect.artifacts import create_table_artifact
+
+    rows = worker_rows(data)
+    create_table_artifact(
+        table=rows or [{"worker": "-"}],
+        key=artifact_key(test_set),
+        description=f"{test_set}: {throughput_line(data)}; per worker: shards, items, seconds in shards, "
+        f"audio seconds, RTFx per worker-second, items per worker-second, GPU busy share",
+    )
+
+
+def write(path: Path, test_set: str, data: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+    """``.throughput.json``: the figures, written whole (atomically)."""
+    payload = {"version": THROUGHPUT_VERSION, "test_set": test_set, **(extra or {}), **data}
+    with atomic_open(path, "w") as out:
+        out.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")

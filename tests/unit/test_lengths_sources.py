@@ -1,0 +1,244 @@
+"""Item lengths from every source (pipeline/lengths.py): the dataset's lengths(), else its audio files'
+headers (found as ESPnet3 202611's recipe datasets keep them, through ESPnet3's wrappers), else the
+recipe's collect_stats shape files; the header lengths cached per files' fingerprint and read again when
+the data changes; and what they change: the plan only under runner.max_duration."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from espnet3_prefect.config.load import load_config
+from espnet3_prefect.errors import BadInputError, ConfigError
+from espnet3_prefect.pipeline import lengths as lengths_module
+from espnet3_prefect.pipeline.lengths import (
+    audio_paths,
+    header_lengths,
+    lengths_from_files,
+    shape_lengths,
+)
+from espnet3_prefect.pipeline.resume import plan_for
+from espnet3_prefect.pipeline.sizing import require_lengths, size_on_driver
+from espnet3_prefect.pipeline.stage import prepare_stages
+from tests.conftest import write_yaml
+
+sf = pytest.importorskip("soundfile")
+
+
+@pytest.fixture
+def wavs(fsdd_dir, tmp_path):
+    """Eight real recordings copied (so a test may change them), with their true durations (decoded)."""
+    folder = tmp_path / "wavs"
+    folder.mkdir()
+    paths = []
+    for source in sorted(Path(fsdd_dir).glob("*.wav"))[:8]:
+        paths.append(Path(shutil.copy(source, folder / source.name)))
+    decoded = [len(sf.read(p)[0]) / sf.info(p).samplerate for p in paths]
+    return paths, decoded
+
+
+# -- where the audio files are found -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:  # mini_an4's ManifestEntry
+    utt_id: str
+    wav_path: Path
+    text: str
+
+
+class MiniAn4Like:
+    """As egs3/mini_an4's MiniAn4Dataset keeps its items: ``_entries`` of records with ``wav_path``."""
+
+    def __init__(self, paths):
+        self._entries = [Entry(p.stem, p, "x") for p in paths]
+
+    def __len__(self):
+        return len(self._entries)
+
+    def __getitem__(self, i):
+        raise AssertionError("an item was read (decoded) to find its length")
+
+
+class LibriLike:
+    """As egs3/librispeech_100 and spgispeech keep theirs: ``_examples`` with ``audio_path`` (dicts here)."""
+
+    def __init__(self, paths):
+        self._examples = [{"utt_id": p.stem, "audio_path": str(p)} for p in paths]
+
+    def __len__(self):
+        return len(self._examples)
+
+    def __getitem__(self, i):
+        raise AssertionError("an item was read")
+
+
+class WithTransform:  # ESPnet3's DatasetWithTransform
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+
+class Combined:  # ESPnet3's CombinedDataset (what build_dataset returns for a test set)
+    def __init__(self, datasets):
+        self.datasets = datasets
+
+    def __len__(self):
+        return sum(len(d) for d in self.datasets)
+
+
+class Declared:
+    """Our contract: ``audio_paths()``, one path per item in dataset order."""
+
+    def __init__(self, paths, count=None):
+        self.paths_, self.count = paths, count
+
+    def __len__(self):
+        return len(self.paths_)
+
+    def audio_paths(self):
+        return self.paths_[: self.count]
+
+
+def test_audio_files_are_found_as_espnet3_recipes_keep_them_through_its_wrappers(tmp_path):
+    paths = [tmp_path / f"{i}.wav" for i in range(4)]
+    names = [str(p) for p in paths]
+    assert audio_paths(MiniAn4Like(paths)) == names
+    assert audio_paths(LibriLike(paths)) == names
+    assert audio_paths(Combined([WithTransform(MiniAn4Like(paths[:2])), LibriLike(paths[2:])])) == names
+    assert audio_paths(Declared(paths)) == names
+    assert audio_paths([1, 2]) is None and audio_paths(Combined([WithTransform([0]), LibriLike(paths)])) is None
+    with pytest.raises(BadInputError, match=r"^Declared.audio_paths\(\): returned 3 paths for 4 items"):
+        audio_paths(Declared(paths, count=3))
+
+
+def test_the_real_espnet3_wrappers_are_looked_through(wavs):
+    dataset_module = pytest.importorskip("espnet3.components.data.dataset")
+    paths, _ = wavs
+    combined = dataset_module.CombinedDataset(
+        [MiniAn4Like(paths[:3]), LibriLike(paths[3:])], [(lambda x: x, lambda x: x)] * 2
+    )
+    assert audio_paths(combined) == [str(p) for p in paths]
+
+
+# -- headers, the cache, and changed data -------------------------------------------------------------
+
+
+def test_header_lengths_are_the_decoded_durations_without_decoding(wavs, tmp_path):
+    paths, decoded = wavs
+    found = lengths_from_files(MiniAn4Like(paths), len(paths), "t", cache_file=None)
+    assert found.source == "audio headers" and found.unit == "s" and found.seconds
+    assert np.allclose(found.values, decoded, rtol=0, atol=1e-9)
+
+
+def test_header_lengths_are_cached_and_read_again_when_the_data_changes(wavs, tmp_path, monkeypatch):
+    paths, decoded = wavs
+    cache = tmp_path / "inference/.prefect-cache/lengths/t.npz"
+    first = header_lengths([str(p) for p in paths], cache)
+    assert cache.is_file() and np.allclose(first, decoded)
+
+    reads = []
+    real = lengths_module.header_seconds
+    monkeypatch.setattr(lengths_module, "header_seconds", lambda p: reads.append(p) or real(p))
+    assert np.array_equal(header_lengths([str(p) for p in paths], cache), first) and reads == []  # the cache
+
+    # the data changes: one recording becomes three joined (a longer file at the same path)
+    audio, rate = sf.read(paths[2])
+    sf.write(paths[2], np.concatenate([audio, audio, audio]), rate)
+    again = header_lengths([str(p) for p in paths], cache)
+    assert len(reads) == len(paths)  # read again (all of them: one fingerprint for the set)
+    assert np.isclose(again[2], 3 * decoded[2]) and np.allclose(np.delete(again, 2), np.delete(first, 2))
+    reads.clear()
+    assert np.array_equal(header_lengths([str(p) for p in paths[:5]], cache), again[:5]) and len(reads) == 5
+    assert np.array_equal(header_lengths([str(p) for p in paths[:5]], cache), again[:5]) and len(reads) == 5
+
+
+def test_a_missing_or_unreadable_audio_file_fails_on_one_line_naming_it(wavs, tmp_path):
+    paths, _ = wavs
+    bad = tmp_path / "wavs" / "broken.wav"
+    bad.write_bytes(b"not audio")
+    with pytest.raises(BadInputError, match=rf"^item 8: audio file {bad}: cannot read its header"):
+        header_lengths([str(p) for p in paths] + [str(bad)], None)
+    gone = tmp_path / "gone.wav"
+    with pytest.raises(BadInputError, match=rf"^item 0: audio file {gone}: "):
+        header_lengths([str(gone)], None)
+
+
+# -- shape files -------------------------------------------------------------------------------------
+
+
+def test_shape_files_give_the_first_number_by_item_index(tmp_path):
+    stats = tmp_path / "stats" / "valid"
+    stats.mkdir(parents=True)
+    (stats / "speech_shape").write_text("2 16000\n0 8000\n1 24000\n")
+    found = lengths_from_files([0, 1, 2], 3, "valid", cache_file=None, stats_dir=tmp_path / "stats")
+    assert found.values.tolist() == [8000.0, 24000.0, 16000.0] and found.unit == "samples" and not found.seconds
+    (stats / "feats_shape").write_text("0 50,80\n1 150,80\n2 100,80\n")
+    found = lengths_from_files([0, 1, 2], 3, "valid", cache_file=None, stats_dir=tmp_path / "stats", input_key="feats")
+    assert found.values.tolist() == [50.0, 150.0, 100.0]
+    assert lengths_from_files([0, 1, 2], 3, "test", cache_file=None, stats_dir=tmp_path / "stats") is None
+    for text, why in (("0 1\n0 2\n2 3\n", "line 2"), ("0 1\n2 3\n", "no line for item 1"), ("utt1 5\n", "line 1")):
+        (stats / "speech_shape").write_text(text)
+        with pytest.raises(BadInputError, match=rf"^shape file .*speech_shape: .*{why}"):
+            shape_lengths(stats / "speech_shape", 3)
+
+
+# -- what they change: the plan only under max_duration ------------------------------------------------
+
+
+def _stages(tmp_path, root, *overrides, limit=12):
+    cfg = {
+        "inference_dir": str(tmp_path / "inference"),
+        "dataset": {
+            "_target_": "tests.helpers.fsdd.FsddOrganizer",
+            "test": [{"name": "fsdd", "root": str(root), "limit": limit}],
+        },
+        "model": {"_target_": "tests.helpers.fsdd.LogEnergyModel"},
+        "input_key": "speech",
+        "output_fn": "tests.helpers.fsdd.fsdd_output_fn",
+        "batch_size": 4,
+        "provider": {"_target_": "espnet3.systems.base.inference_provider.InferenceProvider"},
+        "runner": {"_target_": "espnet3.systems.base.inference_runner.InferenceRunner"},
+        "parallel": {"env": "local", "n_workers": 2, "num_shards": 3},
+    }
+    return prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], list(overrides)))[1]
+
+
+def test_without_max_duration_header_lengths_are_for_the_report_only(wavs, tmp_path):
+    paths, decoded = wavs
+    [stage] = _stages(tmp_path, paths[0].parent)
+    sizing = size_on_driver(stage)
+    assert sizing.lengths is None and sizing.lengths_id is None  # the plan and the identity: as before
+    assert np.allclose(sizing.report_lengths, decoded) and sizing.unit == "s" and sizing.source == "audio headers"
+    assert stage.with_dataset(sizing.dataset_id, sizing.lengths_id).work.fingerprint == stage.work.fingerprint
+    shards = plan_for(stage, sizing.n_items, sizing.lengths, sizing.report_lengths)
+    assert shards == plan_for(stage, sizing.n_items)  # the same ranges and batches
+    assert np.allclose(np.concatenate([s.item_lengths() for s in shards]), decoded)  # carried for the report
+    assert stage.layout.lengths_cache.is_file()
+
+
+def test_with_max_duration_header_lengths_plan_and_cut_the_batches(wavs, tmp_path):
+    paths, decoded = wavs
+    [stage] = _stages(tmp_path, paths[0].parent, "+runner.max_duration=2.0")
+    require_lengths(stage, stage.runner.provider.build_dataset(stage.config))  # the precheck: found, not read
+    sizing = size_on_driver(stage)
+    assert np.allclose(sizing.lengths, decoded) and sizing.lengths_id and sizing.source == "audio headers"
+    for shard in plan_for(stage, sizing.n_items, sizing.lengths):
+        for batch in shard.forward_units():
+            assert len(batch) == 1 or max(decoded[i] for i in batch) * len(batch) <= 2.0
+
+
+def test_with_max_duration_and_no_source_the_key_is_refused_on_one_line(tmp_path):
+    from tests.conftest import toy_config
+
+    cfg = toy_config(tmp_path, n=6, num_shards=2, batch_size=2)
+    [stage] = prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], ["+runner.max_duration=3"]))[1]
+    expected = r"^runner.max_duration: test set 'test_a': its dataset \(ToyDataset\) has no lengths\(\).*audio_paths"
+    with pytest.raises(ConfigError, match=expected):
+        size_on_driver(stage)
