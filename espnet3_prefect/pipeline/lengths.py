@@ -167,7 +167,9 @@ def _record_paths(records: Sequence[Any]) -> list[str] | None:
 def _checked_paths(values: Any, n: int, where: str) -> list[str]:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
         count = len(values) if hasattr(values, "__len__") else type(values).__name__
-        raise BadInputError(f"{where}: returned {count} paths for {n} items (one audio file per item, in dataset order)")
+        raise BadInputError(
+            f"{where}: returned {count} paths for {n} items (one audio file per item, in dataset order)"
+        )
     paths = list(values)
     for index, value in enumerate(paths):
         if not _path_like(value):
@@ -302,13 +304,7 @@ def has_file_source(dataset: Any, test_set: str, stats_dir: Any = None, input_ke
 
 
 def lengths_from_files(
-    dataset: Any,
-    n_items: int,
-    test_set: str,
-    *,
-    cache_file: Path | None,
-    stats_dir: Any = None,
-    input_key: Any = None,
+    dataset: Any, n_items: int, test_set: str, *, cache_file: Path | None, stats_dir: Any = None, input_key: Any = None
 ) -> FoundLengths | None:
     """Sources 2 and 3 (audio headers, shape files) for a dataset without ``lengths()``; None when
     neither tells them. The header lengths are cached in ``cache_file``."""

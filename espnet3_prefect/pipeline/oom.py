@@ -31,7 +31,8 @@ def is_out_of_memory(exc: BaseException | None) -> bool:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         torch = sys.modules.get("torch")  # never imported here: a runner that raises it has loaded it
-        oom_class = getattr(torch, "OutOfMemoryError", None) or getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+        cuda = getattr(torch, "cuda", None)
+        oom_class = getattr(torch, "OutOfMemoryError", None) or getattr(cuda, "OutOfMemoryError", None)
         if oom_class is not None and isinstance(exc, oom_class):
             return True
         if isinstance(exc, (RuntimeError, MemoryError)) and "out of memory" in str(exc).lower():

@@ -152,8 +152,10 @@ def throughput_line(data: dict[str, Any] | None) -> str:
     line = "throughput: " + ", ".join(parts)
     if data.get("rtfx") is None:
         unit = data.get("lengths_unit")
-        why = "item lengths unknown" if unit is None and data.get("padding_efficiency") is None else None
-        why = why or ("lengths in the dataset's own units, not seconds" if unit is None else f"lengths in {unit}, not seconds")
+        if unit is None and data.get("padding_efficiency") is None:
+            why = "item lengths unknown"
+        else:
+            why = f"lengths in {unit or 'the dataset units'}, not seconds"
         line += f"; RTFx n/a ({why})"
     return line
 

@@ -15,12 +15,7 @@ import pytest
 from espnet3_prefect.config.load import load_config
 from espnet3_prefect.errors import BadInputError, ConfigError
 from espnet3_prefect.pipeline import lengths as lengths_module
-from espnet3_prefect.pipeline.lengths import (
-    audio_paths,
-    header_lengths,
-    lengths_from_files,
-    shape_lengths,
-)
+from espnet3_prefect.pipeline.lengths import audio_paths, header_lengths, lengths_from_files, shape_lengths
 from espnet3_prefect.pipeline.resume import plan_for
 from espnet3_prefect.pipeline.sizing import require_lengths, size_on_driver
 from espnet3_prefect.pipeline.stage import prepare_stages

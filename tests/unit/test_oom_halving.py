@@ -128,3 +128,37 @@ def test_without_max_duration_nothing_is_halved(tmp_path):
     with pytest.raises(ItemError, match=r"^items 0\.\.7 .*(OutOfMemoryError|out of memory)"):
         _run(tmp_path, model, None)
     assert model.sizes == []  # upstream's batch of 8 failed as upstream's would: no smaller batch was tried
+
+
+class CudaHungry(torch.nn.Module):
+    """On a real GPU: each item of a batch takes a third of the memory free at the start, so a batch of
+    four runs out of memory (torch's own CUDA error) and its halves of two fit."""
+
+    def __init__(self):
+        super().__init__()
+        free, _ = torch.cuda.mem_get_info()
+        self.per_item = int(free // 3) // 4  # float32 elements
+        self.sizes: list[int] = []
+
+    def forward(self, xs: list[float], ids: list[int]) -> list[float]:
+        block = torch.empty(len(ids) * self.per_item, device="cuda")  # raises torch.OutOfMemoryError
+        block.fill_(1.0)
+        self.sizes.append(len(ids))
+        del block
+        return [2.0 * x + 1.0 for x in xs]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the real allocator's error)")
+def test_on_a_gpu_a_real_cuda_out_of_memory_batch_is_halved(tmp_path):
+    global LENGTHS, DATA
+    saved = LENGTHS, DATA
+    LENGTHS, DATA = [1.0] * 8, [{"utt_id": f"utt{i:02d}", "x": float(i)} for i in range(8)]
+    try:
+        _, expected, _ = _run(tmp_path / "roomy", Budgeted(fits=1e9), 100.0)
+        model = CudaHungry()
+        summary, text, said = _run(tmp_path / "gpu", model, 100.0)  # one batch of 8: 8 and 4 run out, 2 fit
+    finally:
+        LENGTHS, DATA = saved
+        torch.cuda.empty_cache()
+    assert text == expected and summary["oom_halvings"] >= 1 and max(model.sizes) <= 2
+    assert len(said) == 1 and "ran out of memory" in said[0]
