@@ -55,8 +55,11 @@ class MiniAn4Like:
     def __len__(self):
         return len(self._entries)
 
+    reads = 0
+
     def __getitem__(self, i):
-        raise AssertionError("an item was read (decoded) to find its length")
+        MiniAn4Like.reads += 1  # what would decode the audio
+        return {"speech": np.zeros(4, dtype=np.float32), "text": "x"}
 
 
 class LibriLike:
@@ -69,7 +72,8 @@ class LibriLike:
         return len(self._examples)
 
     def __getitem__(self, i):
-        raise AssertionError("an item was read")
+        MiniAn4Like.reads += 1
+        return {"speech": np.zeros(4, dtype=np.float32), "text": "x"}
 
 
 class WithTransform:  # ESPnet3's DatasetWithTransform
@@ -104,6 +108,7 @@ class Declared:
 def test_audio_files_are_found_as_espnet3_recipes_keep_them_through_its_wrappers(tmp_path):
     paths = [tmp_path / f"{i}.wav" for i in range(4)]
     names = [str(p) for p in paths]
+    MiniAn4Like.reads = 0
     assert audio_paths(MiniAn4Like(paths)) == names
     assert audio_paths(LibriLike(paths)) == names
     assert audio_paths(Combined([WithTransform(MiniAn4Like(paths[:2])), LibriLike(paths[2:])])) == names
@@ -111,6 +116,7 @@ def test_audio_files_are_found_as_espnet3_recipes_keep_them_through_its_wrappers
     assert audio_paths([1, 2]) is None and audio_paths(Combined([WithTransform([0]), LibriLike(paths)])) is None
     with pytest.raises(BadInputError, match=r"^Declared.audio_paths\(\): returned 3 paths for 4 items"):
         audio_paths(Declared(paths, count=3))
+    assert MiniAn4Like.reads == 0  # no item was read (decoded) to find its file
 
 
 def test_the_real_espnet3_wrappers_are_looked_through(wavs):
@@ -119,7 +125,8 @@ def test_the_real_espnet3_wrappers_are_looked_through(wavs):
     combined = dataset_module.CombinedDataset(
         [MiniAn4Like(paths[:3]), LibriLike(paths[3:])], [(lambda x: x, lambda x: x)] * 2
     )
-    assert audio_paths(combined) == [str(p) for p in paths]
+    MiniAn4Like.reads = 0  # ESPnet3's constructor reads item 0 of each part itself; we read none
+    assert audio_paths(combined) == [str(p) for p in paths] and MiniAn4Like.reads == 0
 
 
 # -- headers, the cache, and changed data -------------------------------------------------------------
