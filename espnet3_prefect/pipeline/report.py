@@ -238,8 +238,7 @@ def summary_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _throughput_columns(data: dict[str, Any] | None) -> dict[str, Any]:
     """RTFx, audio seconds, padding efficiency and GPU busy share of a test set (None where unknown)."""
     data = data or {}
-    keys = ("rtfx", "rtfx_per_worker_s", "audio_s", "padding_efficiency", "gpu_busy")
-    return {key: data.get(key) for key in keys} | {"throughput": data or None}
+    return {key: data.get(key) for key in ("rtfx", "rtfx_per_worker_s", "audio_s", "padding_efficiency", "gpu_busy")}
 
 
 def _rate(items: int, seconds: float) -> float | None:
@@ -258,12 +257,12 @@ def publish_summary(summaries: list[dict[str, Any]]) -> None:
 
     from espnet3_prefect.pipeline.throughput import publish
 
-    rows = summary_rows(summaries)
-    for row in rows:
-        if row["throughput"]:
-            publish(row["test_set"], row["throughput"])
+    for summary in summaries:
+        data = of_summary(summary)
+        if data:
+            publish(summary["test_set"], data)
     create_table_artifact(
-        table=[{k: v for k, v in row.items() if k != "throughput"} for row in rows],
+        table=summary_rows(summaries),
         key="infer-summary",
         description="infer: per test set shards, items, seconds, items/s; time in shards "
         "(s, summed over workers): loading items, waiting for them, forward, "
@@ -303,7 +302,7 @@ def format_summary(summaries: list[dict[str, Any]]) -> str:
         timing = timing_line(row)
         if timing:
             lines.append(f"    {timing}")
-        throughput = throughput_line(row["throughput"])
+        throughput = throughput_line(of_summary(s))
         if throughput:
             lines.append(f"    {throughput}")
         for name, path in sorted((s.get("outputs") or {}).items()):
