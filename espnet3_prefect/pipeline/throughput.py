@@ -127,12 +127,14 @@ def of_summary(summary: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def throughput_line(data: dict[str, Any] | None) -> str:
-    """``throughput: RTFx 41.2 (21.0 per worker-second; 180.3 s of audio in 4.4 s), 63.2 items/s,
-    padding efficiency 0.93, GPU 71% busy``; with lengths not in seconds, ``RTFx n/a (...)``.
+    """``throughput: RTFx 41.2 (21.0 per worker-second; 180.3 s of audio in 4.4 s), padding efficiency
+    0.93, GPU 71% busy``; with lengths not in seconds, ``RTFx n/a (...)`` (items/s: the line above).
 
-    >>> throughput_line({"rtfx": None, "lengths_unit": "samples", "items_per_s": 5.0, "padding_efficiency": 0.5,
-    ...                  "gpu_busy": None})
-    'throughput: 5 items/s, padding efficiency 0.5; RTFx n/a (lengths in samples, not seconds)'
+    >>> throughput_line({"rtfx": None, "lengths_unit": "samples", "padding_efficiency": 0.5, "gpu_busy": None})
+    'throughput: padding efficiency 0.50; RTFx n/a (lengths in samples, not seconds)'
+    >>> throughput_line({"rtfx": 20.0, "rtfx_per_worker_s": 13.333, "audio_s": 120.0, "wall_s": 6.0,
+    ...                  "padding_efficiency": 0.8, "gpu_busy": 0.8})
+    'throughput: RTFx 20.0 (13.3 per worker-second; 120.0 s of audio in 6.0 s), padding efficiency 0.80, GPU 80% busy'
     """
     if not data:
         return ""
@@ -140,24 +142,25 @@ def throughput_line(data: dict[str, Any] | None) -> str:
     if data.get("rtfx") is not None:
         per = data.get("rtfx_per_worker_s")
         parts.append(
-            f"RTFx {data['rtfx']:g}"
-            + (f" ({per:g} per worker-second; {data['audio_s']:g} s of audio in {data['wall_s']:g} s)" if per else "")
+            f"RTFx {data['rtfx']:.1f}"
+            + (
+                f" ({per:.1f} per worker-second; {data['audio_s']:.1f} s of audio in {data['wall_s']:.1f} s)"
+                if per
+                else ""
+            )
         )
-    if data.get("items_per_s") is not None:
-        parts.append(f"{data['items_per_s']:g} items/s")
     if data.get("padding_efficiency") is not None:
-        parts.append(f"padding efficiency {data['padding_efficiency']:g}")
+        parts.append(f"padding efficiency {data['padding_efficiency']:.2f}")
     if data.get("gpu_busy") is not None:
         parts.append(f"GPU {round(100 * data['gpu_busy'])}% busy")
-    line = "throughput: " + ", ".join(parts)
     if data.get("rtfx") is None:
         unit = data.get("lengths_unit")
         if unit is None and data.get("padding_efficiency") is None:
             why = "item lengths unknown"
         else:
             why = f"lengths in {unit or 'the dataset units'}, not seconds"
-        line += f"; RTFx n/a ({why})"
-    return line
+        return "throughput: " + "".join(f"{p}; " for p in parts) + f"RTFx n/a ({why})"
+    return "throughput: " + ", ".join(parts)
 
 
 def worker_rows(data: dict[str, Any] | None) -> list[dict[str, Any]]:

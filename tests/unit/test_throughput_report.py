@@ -54,8 +54,7 @@ def test_lengths_not_in_seconds_give_items_per_second_and_padding_but_no_rtfx():
 def test_the_summary_says_it_and_a_cached_test_set_has_no_figures(tmp_path):
     summary = _summary()
     text = format_summary([summary])
-    assert "throughput: RTFx 20 (13.333 per worker-second; 120 s of audio in 6 s), 6.667 items/s" in text
-    assert "padding efficiency 0.8" in text
+    assert "throughput: RTFx 20.0 (13.3 per worker-second; 120.0 s of audio in 6.0 s), padding efficiency 0.80" in text
     [row] = summary_rows([summary])
     assert row["rtfx"] == 20.0 and row["padding_efficiency"] == 0.8 and row["gpu_busy"] is None
     cached = {**summary, "shards_run": 0, "shards_cached": 3, "timing": None}
