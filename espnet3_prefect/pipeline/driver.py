@@ -86,7 +86,7 @@ def drive_stage(
             built = {**built, "n_items": sizing.n_items, "dataset_id": sizing.dataset_id}
         stage = stage.with_dataset(built.get("dataset_id"), sizing.lengths_id if sizing else None)
         lengths = sizing.lengths if sizing is not None else None
-        shards = plan_for(stage, built["n_items"], lengths, sizing.report_lengths if sizing is not None else None)
+        shards = plan_for(stage, built["n_items"], lengths)
         if lengths is not None:
             log.info(
                 "%s: %d shards balanced on the items' lengths from %s (total %.6g)",
@@ -110,7 +110,6 @@ def drive_stage(
     if built is not None:
         executor.forget_env(stage)
     items_run = sum(s.n_items for s in shards if redo.get(s.index)) if executor.records_merge else None
-    known = sizing is not None and sizing.item_lengths is not None
     summary = StageSummary.of(
         stage.test_set,
         shards,
@@ -120,11 +119,20 @@ def drive_stage(
         outputs=outputs,
         workers=(built or {}).get("workers", 0),
         items_run=items_run,
-        lengths={"source": sizing.source, "unit": sizing.unit} if known else None,
+        lengths=_lengths_said(sizing, outcome),
     )
     if executor.records_merge and outcome.run:
         _write_throughput(stage, summary, log)
     return summary, merged
+
+
+def _lengths_said(sizing: Sizing | None, outcome: ShardOutcome) -> dict[str, Any] | None:
+    """Where the items' lengths came from: the driver's (``lengths()``, or files under ``max_duration``),
+    else the shards' own reading of their audio headers, else None."""
+    if sizing is not None and sizing.lengths is not None:
+        return {"source": sizing.source, "unit": sizing.unit}
+    unit = (outcome.timing or {}).get("lengths_unit")
+    return {"source": "audio headers (read by each shard)", "unit": unit} if unit else None
 
 
 def _write_throughput(stage: Stage, summary: StageSummary, log: Any) -> None:

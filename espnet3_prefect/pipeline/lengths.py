@@ -30,9 +30,11 @@ Cost on the driver (``python -m benchmarks.lengths_cost``, 2-core dev machine, w
 hit (one stat per file) in 23 ms (13x); 60 files of 12-37 s: decode 246 ms, headers 25 ms (9.8x), cache
 hit 0.5 ms. A header read costs the same whatever the file's length, a decode grows with it.
 
-Header lengths plan and cut batches only under ``runner.max_duration`` (with it the plan is ours
-anyway); without the key they are read for the report only (RTFx), never for the shard plan nor the
-stage's identity, so a run without the key plans exactly as before.
+Read on the driver (and cached) only under ``runner.max_duration``, where they plan the shards and cut
+the batches. Without the key the driver reads nothing new (the plan, the manifest and the stage's
+identity are as before): each shard reads its own items' headers after its last batch, for the report
+only (:func:`shard_seconds`: RTFx, padding), in parallel on the workers; a file it cannot read leaves
+that shard's figures out, said once in its log, and nothing else.
 
 >>> found = FoundLengths(np.array([1.5, 2.0]), "audio headers", "s")
 >>> found.seconds, found.describe()
@@ -41,10 +43,12 @@ stage's identity, so a run without the key plans exactly as before.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,41 +115,64 @@ def audio_paths(dataset: Any) -> list[str] | None:
     >>> audio_paths(Wrapped(D())), audio_paths([1, 2])
     (['a.wav', 'b.wav'], None)
     """
-    return _paths(dataset, depth=0)
+    locate = path_locator(dataset)
+    if locate is None:
+        return None
+    return [locate(i) for i in range(len(dataset))]
 
 
-def _paths(dataset: Any, depth: int) -> list[str] | None:
+def path_locator(dataset: Any, depth: int = 0) -> Callable[[int], str] | None:
+    """``index -> audio file`` for the dataset's items, or None when it does not tell them: what
+    :func:`audio_paths` lists, one item at a time (a shard looks up its own items only)."""
     if depth > 4 or dataset is None:
         return None
     n = _length(dataset)
-    if n is None:
+    if not n:
         return None
+    where = type(dataset).__name__
     method = getattr(dataset, "audio_paths", None)
     if callable(method):
-        return _checked_paths(method(), n, type(dataset).__name__ + ".audio_paths()")
+        values = _checked_paths(method(), n, f"{where}.audio_paths()")
+        return values.__getitem__
     for name in RECORD_LISTS:
         records = getattr(dataset, name, None)
-        if isinstance(records, (list, tuple)) and len(records) == n and n:
-            found = _record_paths(records)
-            if found is not None:
-                return found
+        if isinstance(records, (list, tuple)) and len(records) == n:
+            field = next((f for f in RECORD_PATH_FIELDS if _path_like(_field(records[0], f))), None)
+            if field is not None:
+                return lambda i, records=records, field=field, name=name: _as_path(
+                    _field(records[i], field), f"{where}.{name}[{i}].{field}"
+                )
     for name in PATH_LISTS:
         values = getattr(dataset, name, None)
-        if isinstance(values, (list, tuple)) and len(values) == n and n and all(_path_like(v) for v in values):
-            return [os.fspath(v) for v in values]
+        if isinstance(values, (list, tuple)) and len(values) == n and _path_like(values[0]):
+            return lambda i, values=values, name=name: _as_path(values[i], f"{where}.{name}[{i}]")
     parts = getattr(dataset, "datasets", None)
     if isinstance(parts, (list, tuple)) and parts:
-        joined: list[str] = []
-        for part in parts:
-            found = _paths(part, depth + 1)
-            if found is None:
-                return None
-            joined.extend(found)
-        return joined if len(joined) == n else None
+        locators = [path_locator(part, depth + 1) for part in parts]
+        sizes = [_length(part) or 0 for part in parts]
+        if any(loc is None for loc in locators) or sum(sizes) != n:
+            return None
+        ends = list(itertools.accumulate(sizes))
+
+        def locate(i: int) -> str:
+            part = bisect.bisect_right(ends, i)
+            return locators[part](i - (ends[part - 1] if part else 0))
+
+        return locate
     inner = getattr(dataset, "dataset", None)
     if inner is not None and inner is not dataset and _length(inner) == n:
-        return _paths(inner, depth + 1)
+        return path_locator(inner, depth + 1)
     return None
+
+
+def _field(record: Any, name: str) -> Any:
+    return record.get(name) if isinstance(record, Mapping) else getattr(record, name, None)
+
+
+def _as_path(value: Any, where: str) -> str:
+    if not _path_like(value):
+        raise BadInputError(f"{where} is {value!r}: must be a path")
+    return os.fspath(value)
 
 
 def _length(dataset: Any) -> int | None:
@@ -157,16 +184,6 @@ def _length(dataset: Any) -> int | None:
 
 def _path_like(value: Any) -> bool:
     return isinstance(value, (str, os.PathLike))
-
-
-def _record_paths(records: Sequence[Any]) -> list[str] | None:
-    for field in RECORD_PATH_FIELDS:
-        values = [
-            (record.get(field) if isinstance(record, Mapping) else getattr(record, field, None)) for record in records
-        ]
-        if all(_path_like(v) for v in values):
-            return [os.fspath(v) for v in values]
-    return None
 
 
 def _checked_paths(values: Any, n: int, where: str) -> list[str]:
@@ -251,6 +268,27 @@ def _write_cache(cache_file: Path, key: str, values: Any) -> None:
             np.savez(out, key=np.array(key), lengths=values)
     except OSError as exc:  # a read-only folder: the lengths are still good, only not kept
         log.info("lengths cache %s not written: %s", cache_file, describe(exc))
+
+
+def shard_seconds(dataset: Any, items: Sequence[int]) -> list[float] | None:
+    """Seconds of audio of ``items`` (dataset indices) from their files' headers, for a shard's report
+    when the driver knew no lengths; None when the dataset does not tell its files. Raises
+    :class:`BadInputError` naming the item and file that cannot be read (the caller only reports it).
+
+    >>> shard_seconds([1, 2], [0, 1]) is None
+    True
+    """
+    locate = path_locator(dataset)
+    if locate is None:
+        return None
+    seconds = []
+    for index in items:
+        path = locate(int(index))
+        try:
+            seconds.append(header_seconds(path))
+        except Exception as exc:  # noqa: BLE001 - named, on one line
+            raise BadInputError(f"item {index}: audio file {path}: cannot read its header: {describe(exc)}") from None
+    return seconds
 
 
 # -- shape files -----------------------------------------------------------------------------------

@@ -130,7 +130,6 @@ def plan_shards(
     indices=None,
     lengths: Sequence[float] | None = None,
     max_duration: float | None = None,
-    report_lengths: Sequence[float] | None = None,
 ) -> list[Shard]:
     """Split the units of ``range(n_items)`` (or of the explicit ``indices`` list, positions
     ``0..n_items``) into ``num_shards`` contiguous runs; boundaries fall on batch boundaries.
@@ -140,8 +139,6 @@ def plan_shards(
     (:func:`balanced_cuts`); all-zero lengths plan as if there were none. Each shard of
     ``range(n_items)`` carries its items' lengths; ``max_duration`` (which needs ``lengths`` and a
     ``batch_size``) changes only what its ``forward`` calls get (:meth:`Shard.forward_units`).
-    ``report_lengths`` (used when ``lengths`` is None): lengths the shards carry for their report
-    (padding, audio seconds) that never move a boundary: the plan is the one without lengths.
 
     >>> [(s.start, s.stop) for s in plan_shards("t", 7, 3)]
     [(0, 3), (3, 5), (5, 7)]
@@ -165,8 +162,7 @@ def plan_shards(
             edge += base + (1 if index < extra else 0)
             cuts.append(edge)
     shards = []
-    carried = lengths if lengths is not None else report_lengths
-    values = None if carried is None or indices is not None else _as_float64(carried)
+    values = None if lengths is None or indices is not None else _as_float64(lengths)
     for index in range(num_shards):
         start, stop = cuts[index] * step, min(cuts[index + 1] * step, n_items)
         own = None if indices is None else tuple(int(i) for i in indices[start:stop])

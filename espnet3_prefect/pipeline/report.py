@@ -156,6 +156,8 @@ def add_timing(total: dict[str, Any], shard_summary: dict[str, Any]) -> dict[str
     total["shards"] = total.get("shards", 0) + 1
     add_padding(total, shard_summary.get("padding"))
     add_worker(total, shard_summary)
+    if shard_summary.get("lengths_unit"):  # lengths the shard read itself (audio headers)
+        total["lengths_unit"] = shard_summary["lengths_unit"]
     return total
 
 

@@ -98,7 +98,7 @@ def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[StageSummary 
     ), ""
 
 
-def plan_for(stage: Stage, n_items: int, lengths=None, report_lengths=None) -> list[Shard]:
+def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:
     """The stage's shard plan for ``n_items`` items (``parallel.num_shards`` or the default count),
     balanced on the dataset's ``lengths()`` when it has them; with ``runner.max_duration`` the same
     shards, whose ``forward`` calls get batches cut by length (which needs the lengths)."""
@@ -107,15 +107,7 @@ def plan_for(stage: Stage, n_items: int, lengths=None, report_lengths=None) -> l
     if max_duration is not None and lengths is None:
         raise ConfigError(no_lengths(stage))
     count = stage.num_shards or default_num_shards(n_items, stage.n_workers, batch_size)
-    return plan_shards(
-        stage.test_set,
-        n_items,
-        count,
-        batch_size,
-        lengths=lengths,
-        max_duration=max_duration,
-        report_lengths=report_lengths,
-    )
+    return plan_shards(stage.test_set, n_items, count, batch_size, lengths=lengths, max_duration=max_duration)
 
 
 def all_complete(stages: list[Stage]) -> list[dict] | None:

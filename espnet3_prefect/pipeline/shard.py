@@ -44,6 +44,7 @@ from espnet3_prefect.execution.backends import current_job_id
 from espnet3_prefect.pipeline.duration import InOrder, padding
 from espnet3_prefect.pipeline.gpu_busy import GpuBusy
 from espnet3_prefect.pipeline.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
+from espnet3_prefect.pipeline.lengths import SECONDS, shard_seconds
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
 from espnet3_prefect.pipeline.marker import remove_marker, write_marker
 from espnet3_prefect.pipeline.oom import Halving, halves, is_out_of_memory
@@ -71,8 +72,9 @@ def process_shard(
     ``marker`` is what the done marker records besides the range and checksums (fingerprint, ...).
     ``prefetch``: units read ahead of ``forward`` (0: off). The summary and the marker carry
     ``timing`` (see :class:`~.prefetch.Timing`); the summary also ``padding`` when the shard knows its
-    items' lengths: ``{"batches", "real", "padded"}`` summed over the batches planned (real / padded
-    is the padding efficiency; a batch re-run item by item under ``on_error: skip`` counts as planned);
+    items' lengths (the plan's, else its audio files' headers: then ``lengths_unit: "s"``):
+    ``{"batches", "real", "padded"}`` summed over the batches planned (real / padded is the padding
+    efficiency; a batch re-run item by item under ``on_error: skip`` counts as planned);
     ``gpu_busy`` where a GPU was sampled (:mod:`~.gpu_busy`); ``oom_halvings`` under ``max_duration``.
     """
     shard_dir = layout.shard_dir(shard.index)
@@ -143,9 +145,15 @@ def _process_shard(
         timing.write_s += time.perf_counter() - marking  # checksums + fsyncs: in the summary, not in the marker
     finally:
         release_shard_lock(layout.shard_lock(shard.index))
+    items = shard.indices if shard.indices is not None else range(shard.start, shard.stop)
+    lengths, extra = shard.item_lengths(), {}
+    if lengths is None:  # the driver knew none: this shard's audio headers, for the report only
+        lengths = _report_seconds(env.get("dataset"), items, shard_dir.name, log)
+        if lengths is not None:
+            extra = {"lengths_unit": SECONDS}
+    if lengths is not None:
+        extra["padding"] = padding(units, dict(zip(items, lengths)))
     seconds = round(time.perf_counter() - started, 4)
-    lengths = shard.item_lengths()
-    extra = {} if lengths is None else {"padding": padding(units, dict(zip(range(shard.start, shard.stop), lengths)))}
     if halving is not None:
         extra["oom_halvings"] = halving.count
     if gpu.result() is not None:
@@ -161,6 +169,17 @@ def _process_shard(
         "job_id": current_job_id(),
         "timing": timing.to_dict(),
     }
+
+
+def _report_seconds(dataset: Any, items: Any, name: str, log: Callable[[str], Any] | None) -> list[float] | None:
+    """The items' seconds from their audio headers (:func:`~.lengths.shard_seconds`), or None; a file that
+    cannot be read leaves the shard's figures out (said once), never the shard."""
+    try:
+        return shard_seconds(dataset, items)
+    except Exception as exc:  # noqa: BLE001 - the report's business only; the outputs are committed
+        if log is not None:
+            log(f"{name}: audio lengths not read for the report ({describe(exc)}); no RTFx from this shard")
+        return None
 
 
 def _clear(shard_dir: Path) -> None:

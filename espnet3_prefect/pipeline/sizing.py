@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import logging
 import numbers
 import threading
 import time
@@ -22,30 +21,20 @@ from espnet3_prefect.pipeline.lengths import has_file_source, lengths_from_files
 if TYPE_CHECKING:
     from espnet3_prefect.pipeline.stage import Stage
 
-log = logging.getLogger("espnet3_prefect")
-
 
 @dataclass(frozen=True)
 class Sizing:
     """What the plan needs to know of a test set's dataset: its length, its own fingerprint, and
-    each item's cost when known (float64 array, checked) with their sha256: ``lengths`` plan the shards
-    (the dataset's ``lengths()``, or under ``runner.max_duration`` the lengths read from its files);
-    ``report_lengths`` (lengths read from its audio files without the key) only count the audio seconds
-    the run's throughput reports, never the plan. ``unit``/``source``: what the lengths are
-    (:mod:`espnet3_prefect.pipeline.lengths`)."""
+    each item's cost when known (float64 array, checked) with their sha256: the dataset's ``lengths()``,
+    or under ``runner.max_duration`` the lengths read from its files. ``unit``/``source``: what the
+    lengths are (:mod:`espnet3_prefect.pipeline.lengths`)."""
 
     n_items: int
     dataset_id: str | None = None
     lengths: Any = None
     lengths_id: str | None = None
-    report_lengths: Any = None
     unit: str | None = None
     source: str | None = None
-
-    @property
-    def item_lengths(self) -> Any:
-        """The lengths the shards carry (for padding and audio seconds): planning or report-only ones."""
-        return self.lengths if self.lengths is not None else self.report_lengths
 
 
 def size_on_driver(stage: Stage) -> Sizing | None:
@@ -54,10 +43,10 @@ def size_on_driver(stage: Stage) -> Sizing | None:
     ``input_key`` fails here, before any cluster starts. None for a provider without
     ``build_dataset`` (the ``build-env`` task then sizes the test set on a worker).
 
-    Item lengths: the dataset's ``lengths()``, else (:mod:`espnet3_prefect.pipeline.lengths`) its audio
-    files' headers or the recipe's shape files. Those plan the shards only under ``runner.max_duration``
-    (where they are required); without it they are read for the report only, and a file that cannot be
-    read there is logged, not fatal (the run does not depend on them)."""
+    Item lengths: the dataset's ``lengths()``; under ``runner.max_duration``, else its audio files'
+    headers or the recipe's shape files (:mod:`espnet3_prefect.pipeline.lengths`), which are required
+    there. Without the key nothing else is read here: the plan is today's, and each shard reads its own
+    items' headers for the report (:func:`espnet3_prefect.pipeline.lengths.shard_seconds`)."""
     dataset = checked_dataset(stage)
     if dataset is None:
         return None
@@ -66,22 +55,13 @@ def size_on_driver(stage: Stage) -> Sizing | None:
     lengths = dataset_lengths(dataset, n_items, stage.test_set)
     if lengths is not None:
         return Sizing(n_items, ident, lengths, lengths_fingerprint(lengths), unit=unit_of(dataset), source="lengths()")
-    keyed = getattr(stage.work, "max_duration", None) is not None
-    try:
-        found = lengths_from_files(dataset, n_items, stage.test_set, **_file_sources(stage))
-    except BadInputError:
-        if keyed:
-            raise
-        log.info("test set %r: item lengths not read from its files (RTFx not reported)", stage.test_set, exc_info=True)
-        found = None
-    if found is None:
-        if keyed:
-            raise ConfigError(no_lengths(stage, dataset))
+    if getattr(stage.work, "max_duration", None) is None:
         return Sizing(n_items, ident)
-    if keyed:
-        values = found.values
-        return Sizing(n_items, ident, values, lengths_fingerprint(values), unit=found.unit, source=found.source)
-    return Sizing(n_items, ident, report_lengths=found.values, unit=found.unit, source=found.source)
+    found = lengths_from_files(dataset, n_items, stage.test_set, **_file_sources(stage))
+    if found is None:
+        raise ConfigError(no_lengths(stage, dataset))
+    values = found.values
+    return Sizing(n_items, ident, values, lengths_fingerprint(values), unit=found.unit, source=found.source)
 
 
 def _file_sources(stage: Stage) -> dict[str, Any]:

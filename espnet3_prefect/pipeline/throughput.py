@@ -120,10 +120,11 @@ def of_summary(summary: dict[str, Any]) -> dict[str, Any] | None:
     if not summary.get("shards_run"):
         return None
     lengths = summary.get("lengths") or {}
+    timing = summary.get("timing") or {}
     items_run = summary.get("items_run")
     if items_run is None:
-        items_run = sum(w["items"] for w in ((summary.get("timing") or {}).get("by_worker") or {}).values())
-    return figures(summary.get("timing"), items_run=items_run, unit=lengths.get("unit"))
+        items_run = sum(w["items"] for w in (timing.get("by_worker") or {}).values())
+    return figures(timing, items_run=items_run, unit=lengths.get("unit") or timing.get("lengths_unit"))
 
 
 def throughput_line(data: dict[str, Any] | None) -> str:

@@ -1,7 +1,8 @@
 """Lengths from audio headers and RTFx on every run, through the real flow (a real Prefect server, a
 LocalCluster of 2 workers, real FSDD recordings through a torch model): without ``runner.max_duration``
-the headers only feed the report; with it they cut the batches, and the merged files stay byte-identical.
-Every run writes ``<test>/.throughput.json`` and says RTFx in its closing summary."""
+each shard reads its items' headers for the report; with it the driver reads them (cached) and they cut
+the batches, and the merged files stay byte-identical. Every run writes ``<test>/.throughput.json`` and
+says RTFx in its closing summary."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def test_rtfx_on_every_run_and_header_lengths_cut_batches_only_with_the_key(pref
 
     plain_dir, keyed_dir = tmp_path / "plain", tmp_path / "keyed"
     plain = _run(plain_dir, _config(plain_dir, fsdd_dir))
-    assert plain["lengths"] == {"source": "audio headers", "unit": "s"}
+    assert plain["lengths"] == {"source": "audio headers (read by each shard)", "unit": "s"}
+    assert not (plain_dir / "inf/.prefect-cache/lengths").exists()  # without the key: nothing on the driver
     data = json.loads((plain_dir / "inf/fsdd/.throughput.json").read_text())
     assert data["test_set"] == "fsdd" and data["items_run"] == 40 and data["max_duration"] is None
     assert np.isclose(data["audio_s"], seconds, atol=1e-3) and data["rtfx"] > 0 and data["items_per_s"] > 0

@@ -212,17 +212,56 @@ def _stages(tmp_path, root, *overrides, limit=12):
     return prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], list(overrides)))[1]
 
 
-def test_without_max_duration_header_lengths_are_for_the_report_only(wavs, tmp_path):
+def test_without_max_duration_the_driver_reads_nothing_and_each_shard_reads_its_own_headers(wavs, tmp_path):
+    from espnet3_prefect.pipeline.layout import StageLayout
+    from espnet3_prefect.pipeline.plan import Shard
+    from espnet3_prefect.pipeline.shard import process_shard
+    from tests.helpers.fsdd import FsddDataset
+
     paths, decoded = wavs
     [stage] = _stages(tmp_path, paths[0].parent)
     sizing = size_on_driver(stage)
-    assert sizing.lengths is None and sizing.lengths_id is None  # the plan and the identity: as before
-    assert np.allclose(sizing.report_lengths, decoded) and sizing.unit == "s" and sizing.source == "audio headers"
-    assert stage.with_dataset(sizing.dataset_id, sizing.lengths_id).work.fingerprint == stage.work.fingerprint
-    shards = plan_for(stage, sizing.n_items, sizing.lengths, sizing.report_lengths)
-    assert shards == plan_for(stage, sizing.n_items)  # the same ranges and batches
-    assert np.allclose(np.concatenate([s.item_lengths() for s in shards]), decoded)  # carried for the report
-    assert stage.layout.lengths_cache.is_file()
+    assert sizing.lengths is None and sizing.lengths_id is None and sizing.unit is None  # as before the change
+    assert not stage.layout.lengths_cache.exists()  # nothing read on the driver
+    assert plan_for(stage, sizing.n_items, sizing.lengths) == plan_for(stage, sizing.n_items)
+
+    class Frames:  # a runner whose forward reads the items (decodes them) as a real one does
+        @staticmethod
+        def forward(idx, dataset, **env):
+            return [len(dataset[i]["speech"]) for i in idx]
+
+        @staticmethod
+        def open_writers(shard_dir, **env):
+            return {"out": (shard_dir / "n.scp").open("w")}
+
+        @staticmethod
+        def write_record(writers, result, state, **env):
+            writers["out"].write("".join(f"{n}\n" for n in result))
+
+        @staticmethod
+        def close_writers(writers, state, **env):
+            writers["out"].close()
+
+    env = {"dataset": FsddDataset(str(paths[0].parent)), "output_dir": str(tmp_path / "out")}
+    layout = StageLayout(tmp_path / "out")
+    summary = process_shard(Frames, Shard("fsdd", 0, 2, 7, batch_size=2), env, layout, prefetch=0)
+    assert summary["lengths_unit"] == "s" and np.isclose(summary["padding"]["real"], sum(decoded[2:7]))
+    picked = Shard("fsdd", 1, 0, 3, batch_size=2, indices=(6, 0, 3))  # runner(indices): its own items
+    summary = process_shard(Frames, picked, env, layout, prefetch=0)
+    assert np.isclose(summary["padding"]["real"], decoded[6] + decoded[0] + decoded[3])
+    assert np.isclose(summary["padding"]["padded"], 2 * max(decoded[6], decoded[0]) + decoded[3])
+
+    class Ids(Frames):  # a runner that never opens the audio
+        @staticmethod
+        def forward(idx, dataset, **env):
+            return list(idx)
+
+    said = []
+    paths[4].write_bytes(b"no longer audio")  # the report's business only: the shard itself is unaffected
+    summary = process_shard(Ids, Shard("fsdd", 2, 3, 6, batch_size=2), env, layout, prefetch=0, log=said.append)
+    assert summary["failed"] == 0 and (layout.shard_dir(2) / "done").is_file()
+    assert "padding" not in summary and "lengths_unit" not in summary
+    assert len(said) == 1 and said[0].startswith("split.2: audio lengths not read for the report (item 4: audio file")
 
 
 def test_with_max_duration_header_lengths_plan_and_cut_the_batches(wavs, tmp_path):
