@@ -64,6 +64,8 @@ class Halving:
     def __init__(self, shard_id: int, log: Callable[[str], Any] | None = None, enabled: bool = True):
         self.shard_id, self.log, self.enabled = shard_id, log, enabled
         self.count = 0
+        #: the batches that ran to completion, in call order (what padding is measured on once one split)
+        self.ran: list[list] = []
 
     def split(self, label: str, size: int, exc: BaseException) -> None:
         """Note one halving (of a batch of ``size`` items, ``label`` naming them); said once per shard."""

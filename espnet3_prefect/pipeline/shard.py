@@ -151,8 +151,9 @@ def _process_shard(
         lengths = _report_seconds(env.get("dataset"), items, shard_dir.name, log)
         if lengths is not None:
             extra = {"lengths_unit": SECONDS}
-    if lengths is not None:
-        extra["padding"] = padding(units, dict(zip(items, lengths)))
+    if lengths is not None:  # the batches planned; once a batch was halved, the batches that ran
+        ran = halving.ran if halving is not None and halving.count else units
+        extra["padding"] = padding(ran, dict(zip(items, lengths)))
     seconds = round(time.perf_counter() - started, 4)
     if halving is not None:
         extra["oom_halvings"] = halving.count
@@ -313,6 +314,8 @@ def _forward_in_order(
     known = len(failures)
     for part, result in _forward_parts(forward, unit, env, on_error, failures, idx_key, label_env, halving):
         in_order.add(part, result)
+        if halving is not None:
+            halving.ran.append(part if isinstance(part, list) else [part])
     for failure in failures[known:]:
         in_order.fail(failure["idx"])
     return list(in_order.ready())

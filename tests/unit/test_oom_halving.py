@@ -108,6 +108,12 @@ def test_a_batch_that_does_not_fit_is_halved_down_to_what_fits_and_written_in_da
     assert summary["failed"] == 0 and (tmp_path / "tight" / "split.0" / "done").exists()
     assert len(said) == 1 and "ran out of memory" in said[0] and "halves" in said[0]  # once per shard
     assert summary["oom_halvings"] >= 2
+    padded = summary["padding"]  # measured on the batches that ran: each within what fits
+    assert (
+        padded["batches"] == len(model.sizes)
+        and padded["real"] == sum(LENGTHS)
+        and padded["padded"] <= 9.0 * len(model.sizes)
+    )
 
 
 def test_only_a_single_item_that_does_not_fit_fails_naming_its_utterance(tmp_path):
