@@ -13,12 +13,13 @@ Sources, in order (the first that answers wins):
    (ours: one path per item, in dataset order: the contract to implement), else the record lists
    ESPnet3 202611's recipes keep (``mini_an4``: ``_entries`` of records with ``wav_path``;
    ``librispeech_100`` and ``spgispeech``: ``_examples`` with ``audio_path``), else a list attribute
-   ``audio_paths`` / ``wav_paths`` / ``paths`` of one path per item. ESPnet3's wrappers are looked
-   through: a test set is a ``CombinedDataset`` (``datasets``: concatenated) of
-   ``DatasetWithTransform`` (``dataset``). No 202611 dataset reads a Kaldi ``wav.scp`` (their
-   manifests are TSV and CSV files, or scanned folders), so none is looked for. Read once per dataset
-   fingerprint (every file's path, size and modification time) and cached on disk
-   (:meth:`~.layout.StageLayout.lengths_cache`): changed, added or removed audio reads them again.
+   ``audio_paths`` / ``wav_paths`` / ``paths`` (a plain ``paths`` only of audio files: ``.wav``,
+   ``.flac``, ...) of one path per item. ESPnet3's wrappers are looked through: a test set is a
+   ``CombinedDataset`` (``datasets``: concatenated) of ``DatasetWithTransform`` (``dataset``). No 202611
+   dataset reads a Kaldi ``wav.scp`` (their manifests are TSV and CSV files, or scanned folders), so
+   none is looked for. On the driver, read once per dataset fingerprint (every file's path, size and
+   modification time) and cached on disk (:meth:`~.layout.StageLayout.lengths_cache`): changed, added
+   or removed audio reads them again.
 3. **Shape files** of ESPnet's ``collect_stats`` (``<stats_dir>/<test set>/<input_key>_shape``, else
    ``speech_shape``, where the stage config has ``stats_dir``): lines ``<id> <length>[,<dim>...]``,
    whose ids are ESPnet3 202611's item indices (``0`` .. ``n-1``, each once); the first number is in
@@ -68,6 +69,8 @@ UNIT_ATTRIBUTE = "lengths_unit"
 RECORD_LISTS = ("_entries", "_examples", "entries", "examples")
 RECORD_PATH_FIELDS = ("audio_path", "wav_path")
 PATH_LISTS = ("audio_paths", "wav_paths", "paths")
+#: what a plain ``paths`` list must hold to count as audio files (the other names say so themselves)
+AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".opus", ".mp3", ".sph", ".aif", ".aiff", ".au", ".w64", ".caf"})
 CACHE_VERSION = 1
 
 
@@ -144,7 +147,12 @@ def path_locator(dataset: Any, depth: int = 0) -> Callable[[int], str] | None:
                 )
     for name in PATH_LISTS:
         values = getattr(dataset, name, None)
-        if isinstance(values, (list, tuple)) and len(values) == n and _path_like(values[0]):
+        if (
+            isinstance(values, (list, tuple))
+            and len(values) == n
+            and _path_like(values[0])
+            and (name != "paths" or Path(values[0]).suffix.lower() in AUDIO_SUFFIXES)
+        ):
             return lambda i, values=values, name=name: _as_path(values[i], f"{where}.{name}[{i}]")
     parts = getattr(dataset, "datasets", None)
     if isinstance(parts, (list, tuple)) and parts:

@@ -113,6 +113,14 @@ def test_audio_files_are_found_as_espnet3_recipes_keep_them_through_its_wrappers
     assert audio_paths(LibriLike(paths)) == names
     assert audio_paths(Combined([WithTransform(MiniAn4Like(paths[:2])), LibriLike(paths[2:])])) == names
     assert audio_paths(Declared(paths)) == names
+
+    class Texts:
+        paths = ["a.txt", "b.txt"]
+
+        def __len__(self):
+            return 2
+
+    assert audio_paths(Texts()) is None  # a plain `paths` list counts only when it names audio files
     assert audio_paths([1, 2]) is None and audio_paths(Combined([WithTransform([0]), LibriLike(paths)])) is None
     with pytest.raises(BadInputError, match=r"^Declared.audio_paths\(\): returned 3 paths for 4 items"):
         audio_paths(Declared(paths, count=3))
