@@ -142,8 +142,10 @@ def test_task_runs_are_named_after_shards_and_artifacts_are_published(prefect_se
     assert not any(n.startswith("write-done-marker") for n in names)  # each shard marks itself done
     mine = [a for a in artifacts if a.flow_run_id == flow_run_id]
     assert {a.type for a in mine} >= {"table", "progress"}
-    table = next(a for a in mine if a.type == "table")
+    table = next(a for a in mine if a.key == "infer-summary")
     assert "shards_run" in str(table.data) and "items_per_s" in str(table.data)
+    throughput = next(a for a in mine if a.key == "throughput-test-a")  # one row per worker
+    assert throughput.type == "table" and "items_per_worker_s" in str(throughput.data)
 
 
 def test_lengths_balance_the_plan_prefetch_keeps_outputs_and_timing_reaches_the_summary(prefect_server, tmp_path):
