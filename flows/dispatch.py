@@ -17,7 +17,7 @@ from typing import Any
 from espnet3_prefect.errors import DiskFullError, Espnet3PrefectError, describe, disk_full, is_retryable, no_space
 from espnet3_prefect.execution.run_states import mark_flow_run_crashed, mark_task_run_crashed
 from espnet3_prefect.pipeline.lock import RunLock, acquire
-from espnet3_prefect.pipeline.plan import Shard
+from espnet3_prefect.pipeline.plan import Shard, longest_first
 from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
 from espnet3_prefect.pipeline.stage import Stage
 from espnet3_prefect.pipeline.summary import ShardOutcome
@@ -110,14 +110,18 @@ def run_shards(
     progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards), kind=kind)
     pending: dict = {}
     submitted = time.perf_counter()
-    for shard in shards:
+    # With parallel.shard_duration: longest first, each to the next worker that frees up (Dask queues
+    # the tasks on the scheduler and hands out the highest priority first); else in plan order.
+    order = longest_first(shards) if getattr(stage, "shard_duration", None) is not None else shards
+    for rank, shard in enumerate(order):
         task = run_shard.with_options(
             result_storage=stage.layout.cache_dir,
             refresh_cache=redo[shard.index],
             retries=stage.retries,
             retry_delay_seconds=list(stage.retry_delay_s),
         )
-        future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]})
+        parameters = {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]}
+        future = runner.submit(task, parameters, priority=len(order) - rank)
         pending[future.wrapped_future.key] = (future, shard)
     outcome = ShardOutcome(timing=empty_timing())
     failures = []

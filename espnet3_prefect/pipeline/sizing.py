@@ -42,7 +42,7 @@ def size_on_driver(stage: Stage) -> Sizing | None:
         return None
     n_items = len(dataset)
     lengths = dataset_lengths(dataset, n_items, stage.test_set)
-    if lengths is None and getattr(stage.work, "max_duration", None) is not None:
+    if lengths is None and lengths_key(stage) is not None:
         raise ConfigError(no_lengths(stage, dataset))
     return Sizing(n_items, dataset_id(dataset), lengths, None if lengths is None else lengths_fingerprint(lengths))
 
@@ -64,19 +64,32 @@ def checked_dataset(stage: Stage) -> Any:
 
 
 def require_lengths(stage: Stage, dataset: Any) -> None:
-    """With ``runner.max_duration`` the dataset must have ``lengths()`` (checked before a server starts)."""
+    """With ``runner.max_duration`` or ``parallel.shard_duration`` the dataset must have ``lengths()``
+    (checked before a server starts)."""
     method = getattr(dataset, "lengths", None)
     has_lengths = callable(method) and _callable_without_arguments(method)
-    if getattr(stage.work, "max_duration", None) is not None and not has_lengths:
+    if lengths_key(stage) is not None and not has_lengths:
         raise ConfigError(no_lengths(stage, dataset))
 
 
+def lengths_key(stage: Stage) -> str | None:
+    """The key of the stage that needs its dataset's ``lengths()``, or None."""
+    if getattr(stage.work, "max_duration", None) is not None:
+        return "runner.max_duration"
+    if getattr(stage, "shard_duration", None) is not None:
+        return "parallel.shard_duration"
+    return None
+
+
 def no_lengths(stage: Stage, dataset: Any = None) -> str:
-    """The one line refusing ``runner.max_duration`` for a test set whose items' lengths are unknown."""
+    """The one line refusing ``runner.max_duration`` (batches cut by length) or ``parallel.shard_duration``
+    (shards sized by length) for a test set whose items' lengths are unknown."""
     what = f"its dataset ({type(dataset).__name__})" if dataset is not None else "its provider (no build_dataset())"
+    key = lengths_key(stage) or "runner.max_duration"
+    purpose = "cut batches by" if key == "runner.max_duration" else "size shards by"
     return (
-        f"runner.max_duration: test set {stage.test_set!r}: {what} has no lengths() to cut batches by "
-        f"(one number per item, in the units of max_duration); add lengths() or drop the key"
+        f"{key}: test set {stage.test_set!r}: {what} has no lengths() to {purpose} "
+        f"(one number per item, in the units of {key.split('.')[1]}); add lengths() or drop the key"
     )
 
 
