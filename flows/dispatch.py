@@ -195,9 +195,12 @@ class LostWorkers:
         self.thread = None
 
     def __enter__(self) -> LostWorkers:
+        import contextvars
         import threading
 
-        self.thread = threading.Thread(target=self._mark, name="e3p-lost-workers", daemon=True)
+        # In this thread's context: the flow run's settings (its API URL) and logger go with it.
+        context = contextvars.copy_context()
+        self.thread = threading.Thread(target=context.run, args=(self._mark,), name="e3p-lost-workers", daemon=True)
         self.thread.start()
         try:
             self.client.subscribe_topic("all", self._heard)

@@ -308,7 +308,8 @@ def test_a_worker_job_preempted_mid_shard_costs_only_that_shard(slurm, prefect_s
             for line in read_lines(log):
                 job, _pid, idx = line.split()
                 if int(idx) % 4 == 0:  # the first item of a shard is done, three to go: mid-shard
-                    preempted.update(job=job, lost=int(idx) // 4, done_before={int(x.split()[2]) for x in read_lines(log)})
+                    done_before = {int(x.split()[2]) for x in read_lines(log)}
+                    preempted.update(job=job, lost=int(idx) // 4, done_before=done_before)
                     subprocess.run(["scancel", "--full", "--signal=TERM", job], check=True, timeout=30)
                     time.sleep(3)  # the scheduler's grace time
                     subprocess.run(["scancel", "--full", "--signal=KILL", job], check=True, timeout=30)
