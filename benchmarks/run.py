@@ -24,6 +24,7 @@ import yaml
 
 from . import baselines, cli_runs, mini_an4, orchestration, synthetic
 from .data_groups import balance, prefetch
+from .shard_time import shards_by_time
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -365,6 +366,7 @@ def main() -> None:
             "shards",
             "prefetch",
             "balance",
+            "shards_by_time",
             "memory",
             "merge",
         ],
@@ -381,6 +383,7 @@ def main() -> None:
         "shards": shard_count,
         "prefetch": prefetch,
         "balance": balance,
+        "shards_by_time": shards_by_time,
         "memory": driver_memory,
         "merge": merge_vs_cat,
     }

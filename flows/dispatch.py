@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from espnet3_prefect.errors import DiskFullError, Espnet3PrefectError, describe, disk_full, is_retryable, no_space
-from espnet3_prefect.execution.run_states import mark_flow_run_crashed, mark_task_run_crashed
+from espnet3_prefect.execution.run_states import (
+    mark_flow_run_crashed,
+    mark_running_task_run_crashed,
+    mark_task_run_crashed,
+)
 from espnet3_prefect.pipeline.lock import RunLock, acquire
-from espnet3_prefect.pipeline.plan import Shard
+from espnet3_prefect.pipeline.plan import Shard, longest_first
 from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
 from espnet3_prefect.pipeline.stage import Stage
 from espnet3_prefect.pipeline.summary import ShardOutcome
@@ -110,44 +114,125 @@ def run_shards(
     progress = Progress(stage.test_set, len(shards), sum(s.n_items for s in shards), kind=kind)
     pending: dict = {}
     submitted = time.perf_counter()
-    for shard in shards:
+    # With parallel.shard_duration: longest first, each to the next worker that frees up (Dask queues
+    # the tasks on the scheduler and hands out the highest priority first); else in plan order.
+    order = longest_first(shards) if getattr(stage, "shard_duration", None) is not None else shards
+    for rank, shard in enumerate(order):
         task = run_shard.with_options(
             result_storage=stage.layout.cache_dir,
             refresh_cache=redo[shard.index],
             retries=stage.retries,
             retry_delay_seconds=list(stage.retry_delay_s),
         )
-        future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]})
+        parameters = {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]}
+        future = runner.submit(task, parameters, priority=len(order) - rank)
         pending[future.wrapped_future.key] = (future, shard)
     outcome = ShardOutcome(timing=empty_timing())
     failures = []
-    for done in as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop):
-        future, shard = pending.pop(done.key)
-        try:
-            result = future.result()
-        except Exception as exc:  # failed after retries, or the worker died (KilledWorker)
-            line = shard_failure(future, shard, exc)
-            if not is_retryable(exc):
-                # A full disk or a lock too: the shards still queued would meet the same, so none is started.
-                runner.client.cancel([f.wrapped_future for f, _ in pending.values()])
-                why = "" if no_space(exc) or isinstance(exc, DiskFullError) else "the same input fails the same way; "
-                raise Espnet3PrefectError(f"{what}: {line} (not retried: {why}the other shards were stopped)") from None
-            failures.append(line)
-            continue
-        cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
-        if cached:
-            outcome.cached += 1
-        else:
-            outcome.run += 1
-            add_timing(outcome.timing, result)
-            if result.get("job_id"):
-                outcome.jobs.add(result["job_id"])
-        outcome.failed += result.get("failed", 0)
-        progress.advance(shard.n_items)
+    with LostWorkers(runner.client, pending, log=get_logger()):
+        for done in as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop):
+            failures += _book(runner, done, pending, outcome, progress, what)
     outcome.timing["wall_s"] = round(time.perf_counter() - submitted, 4)
     if failures:
         raise Espnet3PrefectError(f"{what}: {len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
     return outcome
+
+
+def _book(runner, done, pending: dict, outcome: ShardOutcome, progress: Progress, what: str) -> list[str]:
+    """Book one finished shard; returns its failure line (empty when it succeeded)."""
+    future, shard = pending.pop(done.key)
+    try:
+        result = future.result()
+    except Exception as exc:  # failed after retries, or the worker died (KilledWorker)
+        line = shard_failure(future, shard, exc)
+        if not is_retryable(exc):
+            # A full disk or a lock too: the shards still queued would meet the same, so none is started.
+            runner.client.cancel([f.wrapped_future for f, _ in pending.values()])
+            why = "" if no_space(exc) or isinstance(exc, DiskFullError) else "the same input fails the same way; "
+            raise Espnet3PrefectError(f"{what}: {line} (not retried: {why}the other shards were stopped)") from None
+        return [line]
+    cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
+    if cached:
+        outcome.cached += 1
+    else:
+        outcome.run += 1
+        add_timing(outcome.timing, result)
+        if result.get("job_id"):
+            outcome.jobs.add(result["job_id"])
+    outcome.failed += result.get("failed", 0)
+    progress.advance(shard.n_items)
+    return []
+
+
+def get_logger():
+    """The flow run's logger, or this package's outside a flow run."""
+    import logging
+
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # noqa: BLE001 - no run context
+        return logging.getLogger("espnet3_prefect")
+
+
+class LostWorkers:
+    """While a stage's shards run: when Dask removes a worker (its batch job preempted, killed at its
+    walltime, its node gone), the shard it was running is lost with it. Dask runs that shard again on
+    another worker, under the same task run; this marks the task run Crashed first, so the run's record
+    shows where the time went (Running, Crashed, then Running and Completed on the worker that redid
+    it), and says so on one line. Shards merely queued on the lost worker are left alone: they never
+    started. Dask's scheduler announces the removal on its ``all`` event topic (with the keys the
+    worker was processing); the marking is done by one thread of ours, joined (bounded) on exit."""
+
+    JOIN_S = 30.0
+
+    def __init__(self, client, pending: dict, log):
+        import queue
+
+        self.client, self.pending, self.log = client, pending, log
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = None
+
+    def __enter__(self) -> LostWorkers:
+        import contextvars
+        import threading
+
+        # In this thread's context: the flow run's settings (its API URL) and logger go with it.
+        context = contextvars.copy_context()
+        self.thread = threading.Thread(target=context.run, args=(self._mark,), name="e3p-lost-workers", daemon=True)
+        self.thread.start()
+        try:
+            self.client.subscribe_topic("all", self._heard)
+        except Exception as exc:  # noqa: BLE001 - a scheduler without events: shards still rerun
+            self.log.debug("not watching for lost workers: %s", exc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import contextlib
+
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic("all")
+        self.queue.put(None)
+        self.thread.join(self.JOIN_S)
+
+    def _heard(self, event) -> None:  # on the client's event loop: hand over, never block it
+        _when, message = event
+        if isinstance(message, dict) and message.get("action") == "remove-worker":
+            for key in message.get("processing-tasks") or ():
+                found = self.pending.get(key)
+                if found is not None:
+                    self.queue.put((found, message.get("worker")))
+
+    def _mark(self) -> None:
+        while (item := self.queue.get()) is not None:
+            (future, shard), worker = item
+            if future.wrapped_future.done():
+                continue
+            where = shard_where(shard)
+            message = f"{where}: its worker {worker} was lost while running it; the shard runs again elsewhere"
+            if mark_running_task_run_crashed(future.task_run_id, message):
+                self.log.warning("%s", message)
 
 
 def shard_where(shard: Shard) -> str:

@@ -87,6 +87,28 @@ def _not_found(exc: Exception) -> bool:
     return isinstance(exc, ObjectNotFound) or getattr(response, "status_code", None) == 404
 
 
+def mark_running_task_run_crashed(task_run_id, message: str) -> bool:
+    """Set a task run the server holds as Running to Crashed (its worker was lost while running it; Dask
+    runs it again elsewhere, under the same task run, which then goes on to Completed); True if it was
+    changed. Also a run already Pending again for the rerun (it has a start time: it ran). A run the
+    server holds in any other state (never started, already finished, or its worker's Running event
+    lost with the worker) is left alone."""
+    from prefect import get_client
+    from prefect.states import Crashed
+
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_task_run(task_run_id)
+            state = run.state
+            if state is None or state.is_final() or not (state.is_running() or run.start_time is not None):
+                return False
+            client.set_task_run_state(task_run_id, Crashed(message=message), force=True)
+            return True
+    except Exception as exc:  # noqa: BLE001 - reporting; the shard's rerun goes on regardless
+        log.warning("could not mark task run %s crashed: %s", task_run_id, exc)
+        return False
+
+
 def mark_flow_run_crashed(flow_run_id, message: str) -> bool:
     """Set a flow run still Running (its process was killed) to Crashed; True if it was changed."""
     from prefect import get_client

@@ -21,12 +21,14 @@ from espnet3_prefect.execution.backends.base import ClusterContext
 # lifetime_margin_s: batch-scheduler workers retire this long before their walltime (backends/walltime.py).
 # allow_overwrite_lock: ESPnet3's switch to replace a shard lock left by an interrupted run.
 # tls: scheduler <-> workers over TLS with per-run certificates (None: the env's default).
+# shard_duration: shards sized by the dataset's lengths() (pipeline/plan.py), handed out longest first.
 TOP_LEVEL_KEYS = (
     "env",
     "n_workers",
     "options",
     "address",
     "num_shards",
+    "shard_duration",
     "lifetime_margin_s",
     "allow_overwrite_lock",
     "tls",
@@ -46,6 +48,8 @@ class ParallelSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     address: str | None = None
     num_shards: int | None = None
+    #: total length (in the units of the dataset's ``lengths()``, e.g. seconds of audio) per shard
+    shard_duration: float | None = None
     lifetime_margin_s: float | None = None
     allow_overwrite_lock: bool = False
     tls: bool | None = None
@@ -87,13 +91,36 @@ class ParallelSpec:
 
 
 def _common(block: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys every kind of block has: n_workers, num_shards, allow_overwrite_lock."""
+    """The keys every kind of block has: n_workers, num_shards or shard_duration, allow_overwrite_lock."""
     num_shards = block.get("num_shards")
+    shard_duration = check_shard_duration(block.get("shard_duration"))
+    if shard_duration is not None and num_shards is not None:
+        raise ConfigError(
+            "parallel.shard_duration: conflicts with parallel.num_shards (one sizes shards by length, the "
+            "other by count); keep one"
+        )
     return {
         "n_workers": _positive_int("parallel.n_workers", block.get("n_workers", 1)),
         "num_shards": None if num_shards is None else _positive_int("parallel.num_shards", num_shards),
+        "shard_duration": shard_duration,
         "allow_overwrite_lock": _flag("parallel.allow_overwrite_lock", block.get("allow_overwrite_lock")),
     }
+
+
+def check_shard_duration(value: Any) -> float | None:
+    """``parallel.shard_duration`` checked: None (off) or a finite number > 0.
+
+    >>> check_shard_duration(None), check_shard_duration(600)
+    (None, 600.0)
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(
+            "parallel.shard_duration: must be a finite number > 0 (the total length per shard, in the units "
+            f"of the dataset's lengths(), e.g. seconds of audio), got {value!r}"
+        )
+    return float(value)
 
 
 def _positive_int(key: str, value: Any) -> int:

@@ -227,7 +227,8 @@ class ShardTaskRunner(DaskTaskRunner):
                 self._client.run(drain_prefect_services, on_error="ignore")
         super().__exit__(*exc_info)
 
-    def submit(self, task, parameters, wait_for=None, dependencies=None):
+    def submit(self, task, parameters, wait_for=None, dependencies=None, *, priority: int = 0):
+        """Prefect's ``submit``; ``priority``: Dask's (higher first among the tasks waiting for a worker)."""
         if not self._started:
             raise RuntimeError("The task runner must be started before submitting work.")
         from distributed import Client, Future
@@ -259,6 +260,7 @@ class ShardTaskRunner(DaskTaskRunner):
             task,
             key=f"{task.name}-{task_run_id.hex}",
             pure=False,
+            priority=priority,
             settings=Opaque(settings),
             task_run_id=task_run_id,
             parameters=parameters,

@@ -87,7 +87,17 @@ def drive_stage(
         stage = stage.with_dataset(built.get("dataset_id"), sizing.lengths_id if sizing else None)
         lengths = sizing.lengths if sizing is not None else None
         shards = plan_for(stage, built["n_items"], lengths)
-        if lengths is not None:
+        if lengths is not None and stage.shard_duration is not None:
+            log.info(
+                "%s: %d shards of about %.6g each by the dataset's lengths() (parallel.shard_duration=%g, "
+                "at most %d shards), handed out longest first",
+                stage.test_set,
+                len(shards),
+                float(lengths.sum()) / len(shards),
+                stage.shard_duration,
+                stage.max_shards,
+            )
+        elif lengths is not None:
             log.info(
                 "%s: %d shards balanced on the items' lengths from %s (total %.6g)",
                 stage.test_set,

@@ -20,6 +20,16 @@ contiguous ranges, cut the same way; only what each ``forward`` call gets change
 hooks in, and what ``manifest.json`` lists (so upstream ``infer()`` resuming the folder runs its own
 batches and writes its lines in order).
 
+With ``parallel.shard_duration`` (opt-in) the shard *count* comes from the lengths instead:
+``ceil(total length / shard_duration)`` shards, cut by :func:`balanced_cuts` as above (so still
+contiguous ranges on batch boundaries, merged in shard order as before), each about
+``shard_duration`` long; many more shards than workers for a test set much longer than a shard.
+The count never exceeds the flow run's cap (:data:`MAX_SHARD_TASKS_PER_FLOW`, shared by the run's
+test sets): a target that would give more shards is met by merging neighbouring pieces, i.e. fewer,
+longer shards. The flows hand such shards out longest first (:func:`longest_first`: by padded length,
+what a model's cost grows with), so the shard holding the longest utterances starts first and the
+last ones to start are the cheapest; Dask gives each to the next worker that frees up.
+
 The plan is persisted in upstream's ``manifest.json`` schema (:func:`write_manifest`).
 """
 
@@ -38,6 +48,12 @@ DEFAULT_MIN_SHARDS = 32
 # Upper bound on items per shard, so 1M-item sets still get retry-sized shards.
 MAX_ITEMS_PER_SHARD = 5000
 MANIFEST_VERSION = 1
+#: The most ``run-shard`` task runs one flow run plans with ``parallel.shard_duration`` (all its test
+#: sets together). Prefect's server gets unstable at a few thousand task runs per flow run
+#: (PrefectHQ/prefect #18883) and spends 30-60 ms of CPU on each (docs/benchmarks.md, "server CPU per
+#: task run"): 1,000 keeps a run's record under a minute of server CPU and well below that range, while
+#: giving 2 workers 500 shards each and 64 workers 15 each.
+MAX_SHARD_TASKS_PER_FLOW = 1000
 
 Unit = int | list
 
@@ -120,6 +136,60 @@ def default_num_shards(n_items: int, n_workers: int, batch_size: int | None = No
     """
     wanted = max(DEFAULT_MIN_SHARDS, 2 * n_workers, -(-n_items // MAX_ITEMS_PER_SHARD))
     return max(1, min(n_units(n_items, batch_size), wanted))
+
+
+def duration_shard_count(
+    lengths: Sequence[float], batch_size: int | None, shard_duration: float, max_shards: int
+) -> int:
+    """How many shards of about ``shard_duration`` total length each: ``ceil(total / shard_duration)``,
+    at least 1, at most one per unit and at most ``max_shards``.
+
+    >>> duration_shard_count([3.0] * 10, None, 7.5, 1000), duration_shard_count([3.0] * 10, 4, 1, 1000)
+    (4, 3)
+    >>> duration_shard_count([3.0] * 10, None, 1, 6), duration_shard_count([0.0] * 10, None, 1, 6)
+    (6, 1)
+    """
+    import math
+
+    total = float(sum(float(x) for x in lengths)) if not hasattr(lengths, "sum") else float(lengths.sum())
+    wanted = math.ceil(total / shard_duration) if total > 0 else 1
+    return max(1, min(wanted, n_units(len(lengths), batch_size), max_shards))
+
+
+def shard_cost(shard: Shard) -> float:
+    """What a shard is expected to cost: the padded length of its ``forward`` calls (the longest item
+    of each batch times its item count; the real length with one item per call), or its item count
+    when it carries no lengths.
+
+    >>> import numpy as np
+    >>> shard_cost(Shard("t", 0, 0, 4, 2, lengths=np.array([1, 3, 2, 2], dtype="<f8").tobytes()))
+    10.0
+    >>> shard_cost(Shard("t", 0, 0, 4))
+    4.0
+    """
+    values = shard.item_lengths()
+    if values is None:
+        return float(shard.n_items)
+    total = 0.0
+    for unit in shard.forward_units():
+        items = unit if isinstance(unit, list) else [unit]
+        total += max(values[i - shard.start] for i in items) * len(items)
+    return total
+
+
+def longest_first(shards: Sequence[Shard]) -> list[Shard]:
+    """``shards`` in the order they are handed out with ``parallel.shard_duration``: highest
+    :func:`shard_cost` first, ties in shard order.
+
+    >>> import numpy as np
+    >>> f8 = lambda *v: np.array(v, dtype="<f8").tobytes()
+    >>> shards = [Shard("t", 0, 0, 2, lengths=f8(1, 1)), Shard("t", 1, 2, 3, lengths=f8(5)),
+    ...           Shard("t", 2, 3, 4, lengths=f8(3))]
+    >>> [s.index for s in longest_first(shards)]
+    [1, 2, 0]
+    """
+    costs = {s.index: shard_cost(s) for s in shards}
+    return sorted(shards, key=lambda s: (-costs[s.index], s.index))
 
 
 def plan_shards(

@@ -17,7 +17,7 @@ from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.marker import check_marker
 from espnet3_prefect.pipeline.merge import merged_outputs_intact, read_merged_record
-from espnet3_prefect.pipeline.plan import Shard, default_num_shards, plan_shards
+from espnet3_prefect.pipeline.plan import Shard, default_num_shards, duration_shard_count, plan_shards
 from espnet3_prefect.pipeline.sizing import Sizing, no_lengths
 from espnet3_prefect.pipeline.stage import Stage
 from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary
@@ -99,14 +99,20 @@ def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[StageSummary 
 
 
 def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:
-    """The stage's shard plan for ``n_items`` items (``parallel.num_shards`` or the default count),
-    balanced on the dataset's ``lengths()`` when it has them; with ``runner.max_duration`` the same
-    shards, whose ``forward`` calls get batches cut by length (which needs the lengths)."""
+    """The stage's shard plan for ``n_items`` items (``parallel.num_shards``, the count
+    ``parallel.shard_duration`` gives, capped by the stage's share of the flow run's task runs, or
+    the default count), balanced on the dataset's ``lengths()`` when it has them; with
+    ``runner.max_duration`` the same shards, whose ``forward`` calls get batches cut by length (both
+    keys need the lengths)."""
     batch_size = stage.work.batch_size
     max_duration = stage.work.max_duration
-    if max_duration is not None and lengths is None:
+    shard_duration = getattr(stage, "shard_duration", None)
+    if (max_duration is not None or shard_duration is not None) and lengths is None:
         raise ConfigError(no_lengths(stage))
-    count = stage.num_shards or default_num_shards(n_items, stage.n_workers, batch_size)
+    if shard_duration is not None:
+        count = duration_shard_count(lengths, batch_size, shard_duration, stage.max_shards)
+    else:
+        count = stage.num_shards or default_num_shards(n_items, stage.n_workers, batch_size)
     return plan_shards(stage.test_set, n_items, count, batch_size, lengths=lengths, max_duration=max_duration)
 
 

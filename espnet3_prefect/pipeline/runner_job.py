@@ -102,6 +102,11 @@ def prepare_job(runner: Any, indices: Iterable[int], parallel: Any, control: dic
     batch_size = check_batch_size(getattr(runner, "batch_size", None))
     resume, shard_subdir = runner_folder_options(runner, name)
     spec = ParallelSpec.from_config(plain_parallel(parallel))
+    if spec.shard_duration is not None:
+        raise ConfigError(
+            f"parallel.shard_duration: {name}(indices) has no lengths() to size shards by (only the infer "
+            f"stage reads its dataset's lengths()); use parallel.num_shards or drop the key"
+        )
     control = runner_control(OmegaConf.create(_control_block(control or {})))
     layout = RunnerLayout(Path(runner.output_dir), shard_subdir)
     digest, identity = runner_fingerprint(runner, indices, batch_size)

@@ -55,7 +55,7 @@ def size_on_driver(stage: Stage) -> Sizing | None:
     lengths = dataset_lengths(dataset, n_items, stage.test_set)
     if lengths is not None:
         return Sizing(n_items, ident, lengths, lengths_fingerprint(lengths), unit=unit_of(dataset), source="lengths()")
-    if getattr(stage.work, "max_duration", None) is None:
+    if lengths_key(stage) is None:
         return Sizing(n_items, ident)
     found = lengths_from_files(dataset, n_items, stage.test_set, **_file_sources(stage))
     if found is None:
@@ -89,9 +89,10 @@ def checked_dataset(stage: Stage) -> Any:
 
 
 def require_lengths(stage: Stage, dataset: Any) -> None:
-    """With ``runner.max_duration`` the items' lengths must be known: the dataset's ``lengths()``, its
-    audio files or the recipe's shape files (checked before a server starts, without reading them)."""
-    if getattr(stage.work, "max_duration", None) is None:
+    """With ``runner.max_duration`` or ``parallel.shard_duration`` the items' lengths must be known: the
+    dataset's ``lengths()``, its audio files or the recipe's shape files (checked before a server
+    starts, without reading them)."""
+    if lengths_key(stage) is None:
         return
     method = getattr(dataset, "lengths", None)
     if callable(method) and _callable_without_arguments(method):
@@ -101,13 +102,25 @@ def require_lengths(stage: Stage, dataset: Any) -> None:
         raise ConfigError(no_lengths(stage, dataset))
 
 
+def lengths_key(stage: Stage) -> str | None:
+    """The key of the stage that needs its dataset's ``lengths()``, or None."""
+    if getattr(stage.work, "max_duration", None) is not None:
+        return "runner.max_duration"
+    if getattr(stage, "shard_duration", None) is not None:
+        return "parallel.shard_duration"
+    return None
+
+
 def no_lengths(stage: Stage, dataset: Any = None) -> str:
-    """The one line refusing ``runner.max_duration`` for a test set whose items' lengths are unknown."""
+    """The one line refusing ``runner.max_duration`` (batches cut by length) or ``parallel.shard_duration``
+    (shards sized by length) for a test set whose items' lengths are unknown."""
     what = f"its dataset ({type(dataset).__name__})" if dataset is not None else "its provider (no build_dataset())"
+    key = lengths_key(stage) or "runner.max_duration"
+    purpose = "cut batches by" if key == "runner.max_duration" else "size shards by"
     return (
-        f"runner.max_duration: test set {stage.test_set!r}: {what} has no lengths() to cut batches by "
-        f"(one number per item, in the units of max_duration), no audio_paths() to read them from, and no "
-        f"<stats_dir>/{stage.test_set}/*_shape file; add lengths() or audio_paths(), or drop the key"
+        f"{key}: test set {stage.test_set!r}: {what} has no lengths() to {purpose} "
+        f"(one number per item, in the units of {key.split('.')[1]}), no audio_paths() to read them from, "
+        f"and no <stats_dir>/{stage.test_set}/*_shape file; add lengths() or audio_paths(), or drop the key"
     )
 
 

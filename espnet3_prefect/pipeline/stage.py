@@ -38,6 +38,7 @@ from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.pipeline.duration import check_max_duration
 from espnet3_prefect.pipeline.env import EnvBuilder
 from espnet3_prefect.pipeline.layout import StageLayout
+from espnet3_prefect.pipeline.plan import MAX_SHARD_TASKS_PER_FLOW
 from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
 from espnet3_prefect.pipeline.provider_params import load_contract, stage_params
 from espnet3_prefect.pipeline.sizing import code_identity
@@ -87,6 +88,10 @@ class Stage:
     min_free_mb: float = DEFAULT_MIN_FREE_MB
     num_shards: int | None = None
     n_workers: int = 1
+    #: ``parallel.shard_duration``: shards sized by the dataset's ``lengths()``, handed out longest first
+    shard_duration: float | None = None
+    #: the most shards this stage plans with ``shard_duration`` (its share of the flow run's cap)
+    max_shards: int = MAX_SHARD_TASKS_PER_FLOW
     #: the inference config for this test set as infer() hands it over (``test_set`` set, the
     #: provider's params not merged in): what upstream sizes the dataset with on the driver
     config: Any = None
@@ -174,7 +179,9 @@ def build_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
             locate(OmegaConf.select(cfg, f"{key}._target_"), f"{key}._target_")
     contract = load_contract(cfg)
     control = runner_control(runner_block)
-    return spec, [_stage(cfg, name, Path(inference_dir), runner_cls, contract, control, spec) for name in names]
+    stages = [_stage(cfg, name, Path(inference_dir), runner_cls, contract, control, spec) for name in names]
+    share = max(1, MAX_SHARD_TASKS_PER_FLOW // len(stages)) if stages else MAX_SHARD_TASKS_PER_FLOW
+    return spec, [dataclasses.replace(s, max_shards=share) for s in stages]
 
 
 def _require_target(cfg: DictConfig, key: str) -> DictConfig:
@@ -231,6 +238,7 @@ def _stage(
         resume=resume,
         num_shards=spec.num_shards,
         n_workers=spec.n_workers,
+        shard_duration=spec.shard_duration,
         config=config,
         **{k: v for k, v in control.items() if k not in ("on_error", "prefetch")},
     )

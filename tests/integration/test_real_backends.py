@@ -274,6 +274,69 @@ def test_a_shard_killed_by_the_walltime_reruns_on_a_fresh_job(slurm, prefect_ser
     assert wait_no_jobs("slurm", run_tag(flow_run_id), timeout_s=0) == []
 
 
+def _task_run_history(flow_run_id: str, name: str, timeout_s: float = 30.0) -> list[str]:
+    """The state types the server recorded for the flow run's task run ``name``, oldest first, once it
+    has recorded a final one (workers send states as events, recorded a little later)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            found = [t for t in runs if t.name == name]
+            history = [s.type.value for s in client.read_task_run_states(found[0].id)] if found else []
+            if (history and history[-1] == "COMPLETED") or time.monotonic() > deadline:
+                return history
+            time.sleep(0.5)
+
+
+@pytest.mark.slurm
+def test_a_worker_job_preempted_mid_shard_costs_only_that_shard(slurm, prefect_server, tmp_path):
+    # As SLURM preempts a job: SIGTERM to every process of the job (--full: the batch step, where the
+    # Dask worker runs, too), then SIGKILL after a grace time. 6 shards of 4 items, 1.5 s each.
+    import threading
+
+    cfg = _slow_toy(tmp_path, n=24, num_shards=6, delay_s=1.5)
+    cfg["parallel"] = batch_parallel(slurm, n_workers=2, num_shards=6)
+    log = tmp_path / "jobs.log"
+    preempted: dict = {}
+
+    def preempt() -> None:  # beside the flow, which runs in the main thread (it sets signal handlers)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            for line in read_lines(log):
+                job, _pid, idx = line.split()
+                if int(idx) % 4 == 0:  # the first item of a shard is done, three to go: mid-shard
+                    done_before = {int(x.split()[2]) for x in read_lines(log)}
+                    preempted.update(job=job, lost=int(idx) // 4, done_before=done_before)
+                    subprocess.run(["scancel", "--full", "--signal=TERM", job], check=True, timeout=30)
+                    time.sleep(3)  # the scheduler's grace time
+                    subprocess.run(["scancel", "--full", "--signal=KILL", job], check=True, timeout=30)
+                    subprocess.run(["scancel", job], check=False, timeout=30)
+                    return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=preempt, daemon=True)
+    watcher.start()
+    state, flow_run_id = run_flow(tmp_path, cfg)
+    watcher.join(60)
+    assert preempted, "no shard started within 240 s"
+    lost, done_before = preempted["lost"], preempted["done_before"]
+    assert state.is_completed(), state.message
+    text = (tmp_path / "inference/test_a/y.scp").read_text()
+    assert text == "".join(f"utt{i:05d} {3 * i * i}\n" for i in range(24))  # what an undisturbed run writes
+    seen = _job_log(tmp_path)
+    again = {i for i, jobs in seen.items() if len(jobs) > 1}
+    assert again <= set(range(4 * lost, 4 * lost + 4)), (lost, again, dict(seen))  # only the lost shard
+    assert all(len(jobs) == 1 for i, jobs in seen.items() if i in done_before and i // 4 != lost)
+    history = _task_run_history(flow_run_id, f"run-shard-test_a-{lost}")
+    assert "CRASHED" in history and history[-1] == "COMPLETED", history
+    others = [_task_run_history(flow_run_id, f"run-shard-test_a-{k}") for k in range(6) if k != lost]
+    assert all("CRASHED" not in h and h[-1] == "COMPLETED" for h in others), others
+    assert wait_no_jobs("slurm", run_tag(flow_run_id), timeout_s=0) == []
+
+
 @pytest.mark.slurm
 def test_cancelling_a_deployment_run_cancels_its_jobs(slurm, prefect_server, tmp_path):
     """A real cancellation: the flow is served by a Prefect runner, cancelled through the API."""
