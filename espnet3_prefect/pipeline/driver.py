@@ -40,7 +40,7 @@ from espnet3_prefect.pipeline.plan import Shard, write_manifest
 from espnet3_prefect.pipeline.resume import plan_for, remove_stale, shards_to_redo
 from espnet3_prefect.pipeline.sizing import Sizing
 from espnet3_prefect.pipeline.stage import Stage
-from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary
+from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary, audio_seconds
 
 
 class Executor(Protocol):
@@ -115,6 +115,7 @@ def drive_stage(
         outputs=outputs,
         workers=(built or {}).get("workers", 0),
         items_run=items_run,
+        audio_s=audio_seconds(outputs) if executor.records_merge else None,
     )
     return summary, merged
 

@@ -226,9 +226,51 @@ def summary_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "write_s": round(timing.get("write_s") or 0.0, 2),
                 "utilisation": utilisation(timing, s.get("workers") or 0),
                 "bound": bound_by(timing),
+                **audio_costs(s),
             }
         )
     return rows
+
+
+def audio_costs(s: dict[str, Any]) -> dict[str, Any]:
+    """A stage whose outputs are waveforms (TTS: ``audio_s``, seconds generated): its unit is the audio
+    second, and the wall time is also given per item and per second of output (of the shards that ran;
+    a cached test set costs nothing). ``{}`` for any other stage.
+
+    >>> audio_costs({"audio_s": 4.0, "seconds": 10.0, "items": 4, "items_run": 4, "shards_run": 2})
+    {'audio_s': 4.0, 's_per_item': 2.5, 's_per_audio_s': 2.5}
+    >>> audio_costs({"seconds": 1.0, "items": 4, "shards_run": 1})
+    {}
+    """
+    audio = s.get("audio_s")
+    if audio is None:
+        return {}
+    items = s.get("items_run", s["items"] if s["shards_run"] else 0)
+    seconds = s["seconds"]
+    ran = items and seconds > 0 and items == s["items"]  # per second of output: only when every item ran
+    return {
+        "audio_s": round(audio, 2),
+        "s_per_item": round(seconds / items, 2) if items and seconds > 0 else None,
+        "s_per_audio_s": round(seconds / audio, 2) if ran and audio > 0 else None,
+    }
+
+
+def audio_line(row: dict[str, Any]) -> str:
+    """``audio: 3.8 s generated; 2.1 s per item, 2.2 s per second of output`` (``""`` for non-audio rows).
+
+    >>> audio_line({"audio_s": 3.8, "s_per_item": 2.1, "s_per_audio_s": 2.2})
+    'audio: 3.8 s generated; 2.1 s per item, 2.2 s per second of output'
+    >>> audio_line({"audio_s": 3.8, "s_per_item": None, "s_per_audio_s": None}), audio_line({})
+    ('audio: 3.8 s generated', '')
+    """
+    if "audio_s" not in row:
+        return ""
+    costs = [
+        f"{row[key]} s per {unit}"
+        for key, unit in (("s_per_item", "item"), ("s_per_audio_s", "second of output"))
+        if row.get(key) is not None
+    ]
+    return f"audio: {row['audio_s']} s generated" + (f"; {', '.join(costs)}" if costs else "")
 
 
 def _rate(items: int, seconds: float) -> float | None:
@@ -249,7 +291,8 @@ def publish_summary(summaries: list[dict[str, Any]]) -> None:
         key="infer-summary",
         description="infer: per test set shards, items, seconds, items/s; time in shards "
         "(s, summed over workers): loading items, waiting for them, forward, "
-        "writing; worker utilisation; what bounds the run",
+        "writing; worker utilisation; what bounds the run; for waveform outputs (TTS) the audio "
+        "seconds generated and the wall seconds per item and per second of output",
     )
 
 
@@ -284,6 +327,9 @@ def format_summary(summaries: list[dict[str, Any]]) -> str:
         timing = timing_line(row)
         if timing:
             lines.append(f"    {timing}")
+        audio = audio_line(row)
+        if audio:
+            lines.append(f"    {audio}")
         for name, path in sorted((s.get("outputs") or {}).items()):
             lines.append(f"    {name}: {path}")
     return "\n".join(lines)
