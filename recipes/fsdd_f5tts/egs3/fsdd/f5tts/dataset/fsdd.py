@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import soundfile as sf
-
 from espnet3.components.data.base_dataset import BaseDataset
 from espnet3.components.data.dataset_builder import DatasetBuilder
 from espnet3.contract import Field
