@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
 from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL
 
 logger = logging.getLogger("espnet3_prefect")
@@ -50,8 +50,38 @@ def launch(
     from espnet3_prefect.server.embedded import one_server
 
     espnet3_launch = _espnet3_launch()
-    with one_server():
+    with one_server(), errors_without_traceback(logging.getLogger("espnet3")):
         espnet3_launch(on_prefect(system_cls), conf_package=conf_package, argv=argv, parser=parser)
+
+
+@contextlib.contextmanager
+def errors_without_traceback(stage_logger: logging.Logger) -> Iterator[None]:
+    """While the block runs, ESPnet3's launcher logs a stage that failed on one of our errors (a config
+    mistake found before anything started, e.g. ``model.vocoder_path``) without the traceback: the
+    error is raised on, and the command line says it in one line.
+
+    >>> import io
+    >>> stream, log = io.StringIO(), logging.getLogger("e3p-doctest-stage")
+    >>> log.addHandler(logging.StreamHandler(stream)); log.propagate = False
+    >>> with errors_without_traceback(log):
+    ...     try:
+    ...         raise ConfigError("model.vocoder_path: no such folder")
+    ...     except ConfigError:
+    ...         log.exception("Stage 'infer' failed")
+    >>> stream.getvalue().splitlines()
+    ["Stage 'infer' failed"]
+    """
+
+    def drop_traceback(record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], Espnet3PrefectError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+    stage_logger.addFilter(drop_traceback)
+    try:
+        yield
+    finally:
+        stage_logger.removeFilter(drop_traceback)
 
 
 def on_prefect(system_cls: type) -> type:
@@ -203,4 +233,12 @@ def _espnet3_launch():
         ) from None
 
 
-__all__ = ["PREFECT_STAGES", "default_system", "espnet3_runners_on_prefect", "launch", "on_prefect", "system_from_path"]
+__all__ = [
+    "PREFECT_STAGES",
+    "default_system",
+    "errors_without_traceback",
+    "espnet3_runners_on_prefect",
+    "launch",
+    "on_prefect",
+    "system_from_path",
+]

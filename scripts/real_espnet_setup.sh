@@ -17,6 +17,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ESPNET_SPEC="espnet[train,asr]==202611"
+# What espnet3.systems.f5tts imports beyond [train,asr] (tests/realespnet/test_f5tts.py): Vocos, the
+# vocoder F5TTSInference loads (it brings encodec; ~10 s). Not espnet[tts]: pyworld, g2p and the
+# other front ends it adds are not what the F5-TTS system imports.
+F5TTS_EXTRAS="vocos==0.1.0"
 VENV=.venv-espnet
 LOGS="$VENV/setup-logs"
 STAMP="$VENV/.setup-stamp"
@@ -71,13 +75,14 @@ done
 
 # The project with the extras its unit tests import (not [test]: it pins another torch). CI runs the
 # unit tests here too, where the real espnet3 is importable (.ci/run, layer real-espnet).
-step project editable_install "${pip[@]}" install -c "$constraints" -e ".[slurm,ssh,kube,metrics,audio]" -e recipes/dtmf pytest
+step project editable_install "${pip[@]}" install -c "$constraints" -e ".[slurm,ssh,kube,metrics,audio]" -e recipes/dtmf pytest $F5TTS_EXTRAS
 "${pip[@]}" freeze >"$LOGS/freeze-final.txt" || fail "pip freeze failed"
 moved=$(grep -iE "$pattern" "$LOGS/freeze-final.txt" | diff "$constraints" - | grep '^[<>]' | tr '\n' ' ')
 [ -z "$moved" ] || fail "installing the project changed pinned packages: $moved"
 step pip-check "${pip[@]}" check
 step import "$py" -c "import torch, torchaudio, espnet3, espnet3_prefect, dtmf_demo, soundfile, jiwer, pytest
-import egs3.mini_an4.esp2_asr, egs3.TEMPLATE.esp2_asr
+import egs3.mini_an4.esp2_asr, egs3.TEMPLATE.esp2_asr, egs3.TEMPLATE.f5tts, vocos
+import espnet3.systems.f5tts.system, espnet3.systems.f5tts.inference
 print('torch', torch.__version__, 'torchaudio', torchaudio.__version__)"
 
 echo "$key" >"$STAMP"

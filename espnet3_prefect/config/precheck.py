@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from espnet3_prefect.config.vocoder import check_vocoder
 from espnet3_prefect.pipeline.dataprep import ensure_prepared
 from espnet3_prefect.pipeline.sizing import checked_dataset, require_lengths
 
@@ -17,7 +18,11 @@ log = logging.getLogger("espnet3_prefect")
 
 
 def check_inputs_before_start(cfg: DictConfig, stages: Iterable) -> None:
-    """Make the recipe's data when it has a hook for it, then check every test set's inputs."""
+    """The model's own files first (F5-TTS's vocoder, :func:`~espnet3_prefect.config.vocoder.check_vocoder`),
+    then make the recipe's data when it has a hook for it, then check every test set's inputs."""
+    model = cfg.get("model")
+    plain_model = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else model
+    check_vocoder({"model": plain_model, "recipe_dir": cfg.get("recipe_dir")})
     for made in ensure_prepared(cfg):
         log.info("prepared data: %s", made)
     for stage in stages:

@@ -41,7 +41,7 @@ from espnet3_prefect.pipeline.plan import Shard, write_manifest
 from espnet3_prefect.pipeline.resume import plan_for, remove_stale, shards_to_redo
 from espnet3_prefect.pipeline.sizing import Sizing
 from espnet3_prefect.pipeline.stage import Stage
-from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary
+from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary, audio_seconds
 from espnet3_prefect.pipeline.throughput import of_summary
 from espnet3_prefect.pipeline.throughput import write as write_throughput
 
@@ -130,6 +130,7 @@ def drive_stage(
         workers=(built or {}).get("workers", 0),
         items_run=items_run,
         lengths=_lengths_said(sizing, outcome),
+        generated_s=audio_seconds(outputs) if executor.records_merge else None,
     )
     if executor.records_merge and outcome.run:
         _write_throughput(stage, summary, log)

@@ -232,6 +232,7 @@ def summary_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "utilisation": utilisation(timing, s.get("workers") or 0),
                 "bound": bound_by(timing),
                 **_throughput_columns(of_summary(s)),
+                **audio_costs(s),
             }
         )
     return rows
@@ -241,6 +242,47 @@ def _throughput_columns(data: dict[str, Any] | None) -> dict[str, Any]:
     """RTFx, audio seconds, padding efficiency and GPU busy share of a test set (None where unknown)."""
     data = data or {}
     return {key: data.get(key) for key in ("rtfx", "rtfx_per_worker_s", "audio_s", "padding_efficiency", "gpu_busy")}
+
+
+def audio_costs(s: dict[str, Any]) -> dict[str, Any]:
+    """A stage whose outputs are waveforms (TTS: ``generated_s``, seconds generated): its unit is the audio
+    second, and the wall time is also given per item and per second of output (of the shards that ran;
+    a cached test set costs nothing). ``{}`` for any other stage.
+
+    >>> audio_costs({"generated_s": 4.0, "seconds": 10.0, "items": 4, "items_run": 4, "shards_run": 2})
+    {'generated_s': 4.0, 's_per_item': 2.5, 's_per_generated_s': 2.5}
+    >>> audio_costs({"seconds": 1.0, "items": 4, "shards_run": 1})
+    {}
+    """
+    audio = s.get("generated_s")
+    if audio is None:
+        return {}
+    items = s.get("items_run", s["items"] if s["shards_run"] else 0)
+    seconds = s["seconds"]
+    ran = items and seconds > 0 and items == s["items"]  # per second of output: only when every item ran
+    return {
+        "generated_s": round(audio, 2),
+        "s_per_item": round(seconds / items, 2) if items and seconds > 0 else None,
+        "s_per_generated_s": round(seconds / audio, 2) if ran and audio > 0 else None,
+    }
+
+
+def audio_line(row: dict[str, Any]) -> str:
+    """``audio: 3.8 s generated; 2.1 s per item, 2.2 s per second of output`` (``""`` for non-audio rows).
+
+    >>> audio_line({"generated_s": 3.8, "s_per_item": 2.1, "s_per_generated_s": 2.2})
+    'audio: 3.8 s generated; 2.1 s per item, 2.2 s per second of output'
+    >>> audio_line({"generated_s": 3.8, "s_per_item": None, "s_per_generated_s": None}), audio_line({})
+    ('audio: 3.8 s generated', '')
+    """
+    if "generated_s" not in row:
+        return ""
+    costs = [
+        f"{row[key]} s per {unit}"
+        for key, unit in (("s_per_item", "item"), ("s_per_generated_s", "second of output"))
+        if row.get(key) is not None
+    ]
+    return f"audio: {row['generated_s']} s generated" + (f"; {', '.join(costs)}" if costs else "")
 
 
 def _rate(items: int, seconds: float) -> float | None:
@@ -269,7 +311,8 @@ def publish_summary(summaries: list[dict[str, Any]]) -> None:
         description="infer: per test set shards, items, seconds, items/s; time in shards "
         "(s, summed over workers): loading items, waiting for them, forward, "
         "writing; worker utilisation; what bounds the run; RTFx (audio seconds per wall second, and "
-        "per worker-second), audio seconds, padding efficiency, GPU busy share",
+        "per worker-second), audio seconds, padding efficiency, GPU busy share; for waveform outputs "
+        "(TTS) the audio seconds generated and the wall seconds per item and per second of output",
     )
 
 
@@ -307,6 +350,9 @@ def format_summary(summaries: list[dict[str, Any]]) -> str:
         throughput = throughput_line(of_summary(s))
         if throughput:
             lines.append(f"    {throughput}")
+        audio = audio_line(row)
+        if audio:
+            lines.append(f"    {audio}")
         for name, path in sorted((s.get("outputs") or {}).items()):
             lines.append(f"    {name}: {path}")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -51,6 +52,8 @@ class StageSummary:
     items_run: int | None = None
     #: where the items' lengths came from and their unit (``{"source", "unit"}``), when known
     lengths: dict[str, Any] | None = None
+    #: seconds of audio the stage generated (waveform outputs: TTS), when counted
+    generated_s: float | None = None
 
     @classmethod
     def of(
@@ -65,6 +68,7 @@ class StageSummary:
         workers: int = 0,
         items_run: int | None = None,
         lengths: dict[str, Any] | None = None,
+        generated_s: float | None = None,
     ) -> StageSummary:
         """The summary of a stage whose ``shards`` ran as ``outcome`` says."""
         return cls(
@@ -81,12 +85,43 @@ class StageSummary:
             timing=outcome.timing,
             items_run=items_run,
             lengths=lengths,
+            generated_s=generated_s,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The plain dict the flows return (``items_run`` and ``lengths`` only where known)."""
+        """The plain dict the flows return (``items_run``, ``lengths`` and ``generated_s`` only where known)."""
         out = dataclasses.asdict(self)
-        for key in ("items_run", "lengths"):
+        for key in ("items_run", "lengths", "generated_s"):
             if out[key] is None:
                 del out[key]
         return out
+
+
+def audio_seconds(outputs: dict[str, str]) -> float | None:
+    """Seconds of audio the merged ``*.scp`` outputs name: every value that is a ``.wav`` file (a TTS
+    stage's waveforms, ``split.N/<field>/<id>.wav``), read from its header; relative values are
+    relative to the working folder, as ESPnet3 writes them. None when no output names a wav (ASR).
+
+    >>> import tempfile, numpy as np, soundfile as sf
+    >>> from pathlib import Path
+    >>> tmp = Path(tempfile.mkdtemp())
+    >>> sf.write(tmp / "a.wav", np.zeros(12000, dtype=np.float32), 8000)
+    >>> _ = (tmp / "wav.scp").write_text(f"a {tmp / 'a.wav'}\\n")
+    >>> _ = (tmp / "text.scp").write_text("a hello\\n")
+    >>> audio_seconds({"wav.scp": str(tmp / "wav.scp")}), audio_seconds({"text.scp": str(tmp / "text.scp")})
+    (1.5, None)
+    """
+    total, found = 0.0, False
+    for path in outputs.values():
+        if not str(path).endswith(".scp") or not Path(path).is_file():
+            continue
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            _, _, value = line.partition(" ")
+            if not value.endswith(".wav") or not Path(value).is_file():
+                continue
+            import soundfile
+
+            info = soundfile.info(value)
+            total += info.frames / info.samplerate
+            found = True
+    return round(total, 3) if found else None

@@ -163,6 +163,10 @@ def check_command(argv: list[str], where: str) -> None:
                 return None
             assert importlib.util.find_spec(module) is not None, f"{where}: python -m {module}: no such module"
             return None
+        if args[:1] and args[0].endswith(".py"):  # a script of the repository or of a recipe folder in it
+            folders = [ROOT, *ROOT.glob("recipes/*/egs3/*/*")]
+            assert any((d / args[0]).is_file() for d in folders), f"{where}: python {args[0]}: no such script"
+            return None
         pytest.fail(f"{where}: {' '.join(argv)}: a python command this test does not know how to check")
     if program == "pip":
         assert args[:1] == ["install"], f"{where}: {' '.join(argv)}"

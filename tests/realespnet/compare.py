@@ -8,6 +8,7 @@ folder with no test sets, a test set without its merged ``*.scp`` files or align
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -152,3 +153,93 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
+
+
+# -- artifacts: merged scp files whose values name files (F5-TTS's wav.scp) -----------------------------
+
+ARTIFACT_PATH = re.compile(r"^(?P<set>[^/]+)/split\.\d+/(?P<field>[^/]+)/(?P<name>[^/]+)$")
+
+
+def _scp_rows(path: Path) -> list[tuple[str, str]]:
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        key, _, value = line.partition(" ")
+        rows.append((key, value))
+    return rows
+
+
+def _artifact(value: str, inference_dir: Path, cwd: Path) -> Path | None:
+    """The file an scp value names (relative values are relative to the recipe folder, as ESPnet3
+    writes them), when it lies in a shard folder of ``inference_dir``; else None (a plain value)."""
+    path = Path(value) if Path(value).is_absolute() else cwd / value
+    try:
+        rel = path.resolve().relative_to(inference_dir.resolve())
+    except ValueError:
+        return None
+    return path if ARTIFACT_PATH.match(rel.as_posix()) else None
+
+
+def audio_summary(path: Path) -> str:
+    """``rate Hz, frames samples, subtype`` of a sound file (for problem messages)."""
+    import soundfile as sf
+
+    info = sf.info(str(path))
+    return f"{info.samplerate} Hz, {info.frames} samples, {info.subtype}"
+
+
+def artifact_problems(oracle: Path, ours: Path, cwd: Path) -> tuple[list[str], list[str]]:
+    """Two inference dirs whose merged ``*.scp`` name artifact files (``split.N/<field>/<id>.wav``):
+    the same test sets and scp files, the same ids in the same order, every plain value verbatim, and
+    every artifact the same file name under the same field with the same bytes. The scp lines
+    themselves hold the folder and shard number, which differ by construction (another
+    ``inference_dir``, another shard plan), so the scp files are compared through what they name.
+
+    Returns ``(problems, compared)``: ``compared`` lists each artifact pair compared (for the report).
+    """
+    problems: list[str] = []
+    compared: list[str] = []
+    if not oracle.is_dir():
+        return [f"oracle incomplete: no inference dir {oracle}"], compared
+    if not ours.is_dir():
+        return [f"no inference dir: {ours}"], compared
+    sets = set_names(oracle)
+    if not sets:
+        return [f"oracle incomplete: no test-set folder in {oracle}"], compared
+    if set_names(ours) != sets:
+        problems.append(f"test sets {set_names(ours)} in {ours} vs oracle {sets}")
+    for name in sets:
+        scp = sorted(p.name for p in (oracle / name).glob("*.scp"))
+        if not scp:
+            problems.append(f"oracle incomplete: no merged *.scp in {oracle / name}")
+            continue
+        theirs = sorted(p.name for p in (ours / name).glob("*.scp")) if (ours / name).is_dir() else []
+        if theirs != scp:
+            problems.append(f"{ours / name}: merged files {theirs} vs oracle {scp}")
+        for file in scp:
+            if not (ours / name / file).is_file():
+                problems.append(f"missing: {ours / name / file}")
+                continue
+            a, b = _scp_rows(oracle / name / file), _scp_rows(ours / name / file)
+            if [k for k, _ in a] != [k for k, _ in b]:
+                problems.append(f"{ours / name / file}: ids {[k for k, _ in b]} vs oracle {[k for k, _ in a]}")
+                continue
+            for (key, va), (_, vb) in zip(a, b):
+                fa, fb = _artifact(va, oracle, cwd), _artifact(vb, ours, cwd)
+                if fa is None and fb is None:
+                    if va != vb:
+                        problems.append(f"{ours / name / file}: {key}: {vb!r} vs oracle {va!r}")
+                    continue
+                if fa is None or fb is None:
+                    problems.append(f"{ours / name / file}: {key}: {vb!r} vs oracle {va!r} (one is no artifact)")
+                    continue
+                if (fa.parent.name, fa.name) != (fb.parent.name, fb.name):
+                    problems.append(
+                        f"{ours / name / file}: {key}: {fb.parent.name}/{fb.name} vs oracle {fa.parent.name}/{fa.name}"
+                    )
+                    continue
+                found = same_bytes(fa, fb)
+                if found and fa.suffix == ".wav" and fa.is_file() and fb.is_file():
+                    found = [f"{found[0]} ({audio_summary(fb)} vs oracle {audio_summary(fa)})"]
+                problems += found
+                compared.append(f"{name}/{file}:{key} -> {fb.parent.name}/{fb.name}")
+    return problems, compared

@@ -42,6 +42,8 @@ STAGE_TIMEOUT_S = 1800
 
 # {row label: {"upstream": seconds, "ours": seconds}}, printed at the end of the session.
 TIMINGS: dict[str, dict[str, float]] = {}
+# The F5-TTS recipe's (test_f5tts.py): {stage: {side: seconds}}, its own table.
+F5_TIMINGS: dict[str, dict[str, float]] = {}
 
 
 def real_espnet_available() -> bool:
@@ -201,16 +203,42 @@ def timing_table() -> list[str]:
     return lines
 
 
+def f5_timing_table() -> list[str]:
+    """One row per F5-TTS stage, one column per side that ran it (upstream, ours: run/launch/cli)."""
+    sides = list(dict.fromkeys(side for row in F5_TIMINGS.values() for side in row))
+    width = max(len(stage) for stage in F5_TIMINGS)
+    lines = [f"{'stage':<{width}}  " + "  ".join(f"{side:>20}" for side in sides)]
+    for stage, row in F5_TIMINGS.items():
+        cells = [f"{row[side]:20.1f}" if side in row else f"{'-':>20}" for side in sides]
+        lines.append(f"{stage:<{width}}  " + "  ".join(cells))
+    return lines
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not TIMINGS:
-        return
-    lines = timing_table()
-    terminalreporter.write_sep("-", "mini_an4 wall times, seconds (upstream: 1 worker; ours: 2 Dask workers)")
-    for line in lines:
-        terminalreporter.write_line(line)
-    artifacts = os.environ.get("E3P_TEST_ARTIFACTS")
-    if artifacts:
-        path = Path(artifacts) / "realespnet_timings.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines) + "\n")
-        terminalreporter.write_line(f"(also in {path})")
+    tables = []
+    if TIMINGS:
+        tables.append(
+            (
+                "mini_an4 wall times, seconds (upstream: 1 worker; ours: 2 Dask workers)",
+                timing_table(),
+                "realespnet_timings.txt",
+            )
+        )
+    if F5_TIMINGS:
+        tables.append(
+            (
+                "fsdd_f5tts stage wall times, seconds (upstream: 1 worker; ours: 2 Dask workers)",
+                f5_timing_table(),
+                "f5tts_timings.txt",
+            )
+        )
+    for title, lines, name in tables:
+        terminalreporter.write_sep("-", title)
+        for line in lines:
+            terminalreporter.write_line(line)
+        artifacts = os.environ.get("E3P_TEST_ARTIFACTS")
+        if artifacts:
+            path = Path(artifacts) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n".join(lines) + "\n")
+            terminalreporter.write_line(f"(also in {path})")

@@ -66,3 +66,19 @@ def test_rates_count_only_the_items_of_shards_that_ran():
     half = {**_summary(None, shards_run=1), "items_run": 50}
     assert summary_rows([half])[0]["items_per_s"] == 10.0
     assert "1 shards run, 1 cached, 5.0 s (10.0 items/s)" in format_summary([half])
+
+
+def test_a_waveform_stage_reports_audio_seconds_and_costs():
+    """TTS: the unit is the audio second; wall seconds per item and per second of output."""
+    summary = {"test_set": "test", "shards": 2, "shards_run": 2, "shards_cached": 0, "items": 4, "items_run": 4}
+    summary.update(seconds=10.0, generated_s=4.0, workers=2, timing=None)
+    [row] = summary_rows([summary])
+    assert (row["generated_s"], row["s_per_item"], row["s_per_generated_s"]) == (4.0, 2.5, 2.5)
+    assert "audio: 4.0 s generated; 2.5 s per item, 2.5 s per second of output" in format_summary([summary])
+
+
+def test_an_asr_stage_has_no_audio_line():
+    summary = {"test_set": "test", "shards": 1, "shards_run": 1, "shards_cached": 0, "items": 4}
+    summary.update(seconds=1.0, workers=1, timing=None)
+    [row] = summary_rows([summary])
+    assert "generated_s" not in row and "audio:" not in format_summary([summary])
