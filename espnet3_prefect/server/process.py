@@ -113,6 +113,8 @@ def start_server(
     tls: ServerTLS | None = None,
     services: str = "all",
     guard_parent: int | None = None,
+    extra_env: dict[str, str] | None = None,
+    api_processes: int = 1,
 ) -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
     ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
@@ -121,7 +123,17 @@ def start_server(
     ``guard_parent``: the pid of the run the server must not outlive (a server that is not kept): it
     is started under :mod:`~espnet3_prefect.server.guard`, whose pid is the one returned, recorded
     and stopped (:func:`stop_server` stops both), and which stops the server once that run has died
-    and no other run records itself as a user in ``home/users``."""
+    and no other run records itself as a user in ``home/users``.
+    ``extra_env``: more variables for the server (a database URL, Redis; secrets go here, never on
+    argv). ``services="none"``: the API only (``--no-services``), its services run elsewhere
+    (:mod:`.split`); ``api_processes`` > 1 runs that many API processes on the one port (``--workers``:
+    PostgreSQL and Redis messaging only, Prefect refuses it otherwise)."""
+    if api_processes < 1:
+        raise Espnet3PrefectError(f"api_processes: {api_processes} is not a positive number")
+    if api_processes > 1 and services != "none":
+        raise Espnet3PrefectError("api_processes > 1 needs services='none' (their services run apart, .split)")
+    if services == "none" and tls is not None:
+        raise Espnet3PrefectError("an API without services is served over HTTP only (TLS: one process, services in it)")
     from espnet3_prefect.server.host import url_host
 
     port = port or free_port(host)
@@ -149,7 +161,12 @@ def start_server(
     if auth_string:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
     env.update(service_environ(services, env))
+    env.update(extra_env or {})
     cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
+    if services == "none":
+        cmd.append("--no-services")
+    if api_processes > 1:
+        cmd += ["--workers", str(api_processes)]
     if tls is not None:
         cmd = [
             sys.executable,
