@@ -32,6 +32,7 @@ from pathlib import Path
 from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive, run_command, stop_group
 from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.postgres import Database
 from espnet3_prefect.server.process import prefect_executable, start_server, stop_server
 from espnet3_prefect.server.redis import RedisServer, check_prefect_redis, start_redis
 from espnet3_prefect.server.services import BATCHED
@@ -40,11 +41,9 @@ from espnet3_prefect.server.state_home import PREFECT_HOME_DIR
 log = logging.getLogger("espnet3_prefect")
 SPLIT_RECORD = "split.json"
 SERVICES_LOG = "services.log"
-#: the setting Prefect reads its database URL from (held in the environment, never on argv)
-DATABASE_URL_VARIABLE = "PREFECT_API_DATABASE_CONNECTION_URL"
 
 
-def split_environ(home: Path, redis: RedisServer, database_url: str | None) -> dict[str, str]:
+def split_environ(home: Path, redis: RedisServer, database: Database | None) -> dict[str, str]:
     """The variables every process of the split server gets: Prefect's home in ``home``, Redis, the
     database (default: SQLite in Prefect's home), migrations done once before the start, the recorder
     and event persister batched (as a run's own server, :data:`.services.BATCHED`) unless the user's
@@ -54,8 +53,8 @@ def split_environ(home: Path, redis: RedisServer, database_url: str | None) -> d
     env["PREFECT_HOME"] = str(home / PREFECT_HOME_DIR)
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["PREFECT_API_DATABASE_MIGRATE_ON_START"] = "false"
-    if database_url:
-        env[DATABASE_URL_VARIABLE] = database_url
+    if database is not None:
+        env.update(database.server_environ())  # its URL and password file, never the password
     return env
 
 
@@ -148,7 +147,7 @@ def start_split_server(
     home: Path,
     *,
     api_processes: int = 2,
-    database_url: str | None = None,
+    database: Database | None = None,
     port: int | None = None,
     ui: bool = False,
     services: bool = True,
@@ -156,20 +155,20 @@ def start_split_server(
     """Start Redis, migrate the database, start ``api_processes`` API processes on one port (127.0.0.1)
     and, with ``services``, the background services; return when the API is healthy.
 
-    ``database_url``: a PostgreSQL URL (``postgresql+asyncpg://...``; needed for ``api_processes`` > 1);
-    ``None``: SQLite in ``home``. Whatever fails to start is stopped again before the error is raised.
+    ``database``: a PostgreSQL (:mod:`.postgres`: a private cluster or a lab's own; needed for
+    ``api_processes`` > 1); ``None``: SQLite in ``home``. Whatever fails to start is stopped again
+    before the error is raised.
     """
     check_prefect_redis()
-    if api_processes > 1 and not (database_url or "").startswith("postgresql"):
+    if api_processes > 1 and database is None:
         raise Espnet3PrefectError(
-            f"api_processes: {api_processes} API processes need PostgreSQL (a database_url postgresql+asyncpg://...); "
-            "SQLite takes one"
+            f"api_processes: {api_processes} API processes need PostgreSQL (a database); SQLite takes one"
         )
     home.mkdir(parents=True, exist_ok=True)
     redis = start_redis(home)
     started: list = []
     try:
-        env = split_environ(home, redis, database_url)
+        env = split_environ(home, redis, database)
         migrate(env)
         api, api_url = start_server(home, port, ui, services="none", extra_env=env, api_processes=api_processes)
         started.append(api)
