@@ -109,3 +109,48 @@ def test_more_api_processes_than_one_need_postgresql(tmp_path):
     with pytest.raises(Espnet3PrefectError, match="api_processes: 2 API processes need PostgreSQL"):
         start_split_server(tmp_path / "home", api_processes=2)
     assert not (tmp_path / "home").exists()  # refused before anything started
+
+
+def test_two_api_processes_on_postgresql_record_every_task_run_of_two_runs_at_once(tmp_path, monkeypatch):
+    import psutil
+
+    from espnet3_prefect.server.split import start_split_server
+    from tests.helpers import postgres
+
+    database = postgres.fresh_database()  # skips without PostgreSQL (fails under E3P_REQUIRE_POSTGRES=1)
+    monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
+    home = postgres.reachable_tmp()
+    try:
+        server = start_split_server(home, api_processes=2, database=database)
+        try:
+            pids = server.pids()
+            api_children = psutil.Process(pids["api"]).children(recursive=True)
+            serving = [p for p in api_children if "spawn_main" in " ".join(p.cmdline())]
+            assert len(serving) == 2, [p.cmdline() for p in api_children]  # uvicorn's two API processes
+            runs = [
+                subprocess.Popen(
+                    [*CLI, "infer", "--config", str(write_yaml(tmp_path / f"{name}.yaml", cfg))],
+                    env={
+                        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
+                        "PREFECT_API_URL": server.api_url,
+                        "PYTHONPATH": str(ROOT),
+                    },
+                    cwd=tmp_path,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for name, cfg in (
+                    (name, toy_config(tmp_path / name, n=8, num_shards=4, n_workers=2)) for name in ("one", "two")
+                )
+            ]
+            for proc in runs:
+                out, err = proc.communicate(timeout=300)
+                assert proc.returncode == 0, err[-3000:]
+                assert "test_a: 8 items, 4 shards run, 0 cached" in out
+            wait_for(lambda: completed_shards(server.api_url) == 8, 60, "both runs' 8 shard task runs")
+        finally:
+            server.stop()
+        assert not [pid for pid in [*pids.values(), *(p.pid for p in serving)] if pid_alive(pid)]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
