@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -182,23 +183,45 @@ def one_run(server: Server, name: str, shards: int, workers: int = 4) -> dict:
     """One CLI run: wall, exit code, lock errors, task runs recorded at its end (new ones)."""
     before = count_task_runs(server.api_url)
     started = time.perf_counter()
-    proc = subprocess.run(
-        infer_cmd(write_config(server.work, name, shards, workers)),
-        env=_env(server.api_url),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    with cli_runs([write_config(server.work, name, shards, workers)], server.api_url) as [proc]:
+        out, err = proc.communicate(timeout=900)
     wall = time.perf_counter() - started
     return {
         "wall_s": wall,
         "rc": proc.returncode,
-        "locked": (proc.stdout + proc.stderr).count(LOCKED),
+        "locked": (out + err).count(LOCKED),
         "at_end": count_task_runs(server.api_url) - before,
         "before": before,
-        "tail": (proc.stderr[-600:] if proc.returncode else ""),
+        "tail": (err[-600:] if proc.returncode else ""),
     }
+
+
+@contextlib.contextmanager
+def cli_runs(configs: list[Path], api_url: str):
+    """``espnet3-prefect infer`` on each config at once, each in a session of its own; whatever is
+    still running when the block is left (an error, an interrupt) is stopped with its workers, by pid."""
+    from espnet3_prefect._internal.proc import stop_group
+
+    procs: list[subprocess.Popen] = []
+    try:
+        for config in configs:
+            procs.append(
+                subprocess.Popen(
+                    infer_cmd(config),
+                    env=_env(api_url),
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                stop_group(proc.pid, 20, first=signal.SIGINT)
+                proc.wait()
 
 
 def plain_dask_walls(work: Path, sizes: tuple[int, ...], workers: int = 4) -> dict[int, float]:
@@ -225,18 +248,9 @@ def concurrent_runs(server: Server, runs: int, shards: int) -> dict:
     """``runs`` CLI runs at once, 2 workers each; then a restart right at their end."""
     before = count_task_runs(server.api_url)
     started = time.perf_counter()
-    procs = [
-        subprocess.Popen(
-            infer_cmd(write_config(server.work, f"{server.kind}_c{i}", shards, 2)),
-            env=_env(server.api_url),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(runs)
-    ]
-    outs = [proc.communicate(timeout=900) for proc in procs]
+    configs = [write_config(server.work, f"{server.kind}_c{i}", shards, 2) for i in range(runs)]
+    with cli_runs(configs, server.api_url) as procs:
+        outs = [proc.communicate(timeout=900) for proc in procs]
     wall = time.perf_counter() - started
     at_end = count_task_runs(server.api_url) - before
     server.restart()
@@ -500,6 +514,11 @@ def main() -> None:
         raise SystemExit(f"--servers: {', '.join(sorted(unknown))} not one of {', '.join(SERVERS)}")
     work = Path(tempfile.mkdtemp(prefix="e3p-server-scale-"))
     started = time.perf_counter()
+
+    def interrupted(signum, frame):  # a SIGTERM (timeout, kill) stops what we started, as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         run_group(work, args.quick, servers)
     finally:
