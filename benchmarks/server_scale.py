@@ -18,7 +18,9 @@ Everything on 127.0.0.1; each server started fresh, measured, stopped by pid. Pe
     1 s of the step's end. Reported: the highest sustained rate, against what a 64-worker run with
     10-second shards needs (6.4 task runs/s).
 
-Bounded: every wait has a limit; the default run takes ~10 min on a 2-core machine, ``--quick`` ~4.
+Bounded: every wait has a limit, every load a count. ``--quick`` (400 shards, 4 x 100, load steps
+10, 25, 100/s) took 8-13 min per server on a 2-core machine at load average 20-40; the default
+size (2,000 shards, 4 x 500, steps to 800/s) has not been timed yet.
 Wall and CPU on a shared 2-core machine are noisy: read the servers against each other, measured
 in one run. ``python -m benchmarks.run --group server-scale`` runs the same and records its rows.
 """
@@ -504,7 +506,7 @@ def rows_from(work: Path, quick: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="400 shards, 4 x 100, 2 load steps (~4 min)")
+    parser.add_argument("--quick", action="store_true", help="400 shards, 4 x 100, load steps 10, 25, 100/s")
     parser.add_argument("--servers", default=",".join(SERVERS), help=f"a comma list of {', '.join(SERVERS)}")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (its per-server JSON)")
     args = parser.parse_args()
