@@ -338,6 +338,14 @@ def merge_vs_cat(s: Suite) -> None:
     s.record("merge", "merge / plain cat (no fsync)", ours / cat, note=f"cat alone {cat:.3f} s")
 
 
+def server_scale_group(s: Suite, work: Path) -> None:
+    """10: SQLite, PostgreSQL, PostgreSQL + Redis with 2 API processes, each a server of its own started
+    for it, side by side (:mod:`benchmarks.server_scale`); after the embedded server is gone."""
+    from . import server_scale
+
+    server_scale.run_group(work, s.quick, record=s.record)
+
+
 def machine() -> str:
     import distributed
     import prefect
@@ -369,6 +377,7 @@ def main() -> None:
             "shards_by_time",
             "memory",
             "merge",
+            "server-scale",
         ],
     )
     args = parser.parse_args()
@@ -395,6 +404,8 @@ def main() -> None:
             for name, step in steps.items():
                 if args.only is None or name in args.only:
                     step(suite)
+        if args.only is None or "server-scale" in args.only:
+            server_scale_group(suite, work / "server-scale")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.out:

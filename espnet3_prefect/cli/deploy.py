@@ -282,6 +282,9 @@ def stop_local(args: argparse.Namespace) -> int:
     stopped = []
     if stop_worker(state["worker_pid"]):
         stopped.append(f"worker pid {state['worker_pid']}")
+    from espnet3_prefect.server.drain import drain_server
+
+    drain_server(str(home), state["api_url"])  # the recorder's backlog is in the server's memory
     if stop_tree(state["server_pid"]):
         stopped.append(f"server pid {state['server_pid']}")
     (home / "users" / str(state["server_pid"])).unlink(missing_ok=True)

@@ -24,6 +24,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive
@@ -32,6 +33,9 @@ from espnet3_prefect.server.port import project_port, remember_port
 from espnet3_prefect.server.process import forget_server, running_server, start_server, stop_server
 from espnet3_prefect.server.state_home import CLIENT_HOME_DIR, state_dir
 from espnet3_prefect.server.watch import ServerWatch, watching
+
+if TYPE_CHECKING:
+    from espnet3_prefect.server.postgres import Database
 
 log = logging.getLogger("espnet3_prefect")
 
@@ -217,11 +221,13 @@ def start_recorded(
     given_host: str | None = None,
     services: str = "all",
     guard_parent: int | None = None,
+    database: Database | None = None,
 ) -> dict:
     """Start a server for ``home`` (with a new credential when ``auth``, serving HTTPS with a new
     certificate naming ``host`` and ``given_host`` when ``tls``, running ``services``, under a guard
     that stops it once the process ``guard_parent`` has died, see :func:`start_server`), write its 0600
-    client file (when ``auth`` or ``tls``) and record it in ``home/server.json``; return that record."""
+    client file (when ``auth`` or ``tls``) and record it in ``home/server.json``; return that record.
+    ``database``: a PostgreSQL to keep the runs in (:mod:`~espnet3_prefect.server.postgres`), else SQLite."""
     from espnet3_prefect.server.auth import ClientCredentials, client_file, new_auth_string, write_client_file
     from espnet3_prefect.server.https import ServerTLS
 
@@ -237,6 +243,7 @@ def start_recorded(
             tls=certs,
             services=services,
             guard_parent=guard_parent,
+            database=database,
         )
     except BaseException:
         if certs is not None:
@@ -252,6 +259,7 @@ def start_recorded(
         "tls": tls,
         "ssl_cert_file": str(certs.ca_file) if certs else None,
         "services": services,
+        "database": database.url if database is not None else None,
     }
     if auth or tls:
         write_client_file(client_file(home), ClientCredentials(url, auth_string, ssl_cert_file=info["ssl_cert_file"]))

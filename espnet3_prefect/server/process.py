@@ -32,6 +32,7 @@ from espnet3_prefect.server.state_home import PREFECT_HOME_DIR, registry_dir
 
 if TYPE_CHECKING:
     from espnet3_prefect.server.https import ServerTLS
+    from espnet3_prefect.server.postgres import Database
 
 log = logging.getLogger("espnet3_prefect")
 STARTUP_TIMEOUT_S = 180
@@ -113,6 +114,9 @@ def start_server(
     tls: ServerTLS | None = None,
     services: str = "all",
     guard_parent: int | None = None,
+    database: Database | None = None,
+    extra_env: dict[str, str] | None = None,
+    api_processes: int = 1,
 ) -> tuple[subprocess.Popen, str]:
     """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
     ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
@@ -121,7 +125,19 @@ def start_server(
     ``guard_parent``: the pid of the run the server must not outlive (a server that is not kept): it
     is started under :mod:`~espnet3_prefect.server.guard`, whose pid is the one returned, recorded
     and stopped (:func:`stop_server` stops both), and which stops the server once that run has died
-    and no other run records itself as a user in ``home/users``."""
+    and no other run records itself as a user in ``home/users``. ``database``: a PostgreSQL
+    (:mod:`~espnet3_prefect.server.postgres`; its URL and password file in the environment, never the
+    password); default SQLite in ``home``.
+    ``extra_env``: more variables for the server (a database URL, Redis; secrets go here, never on
+    argv). ``services="none"``: the API only (``--no-services``), its services run elsewhere
+    (:mod:`.split`); ``api_processes`` > 1 runs that many API processes on the one port (``--workers``:
+    PostgreSQL and Redis messaging only, Prefect refuses it otherwise)."""
+    if api_processes < 1:
+        raise Espnet3PrefectError(f"api_processes: {api_processes} is not a positive number")
+    if api_processes > 1 and services != "none":
+        raise Espnet3PrefectError("api_processes > 1 needs services='none' (their services run apart, .split)")
+    if services == "none" and tls is not None:
+        raise Espnet3PrefectError("an API without services is served over HTTP only (TLS: one process, services in it)")
     from espnet3_prefect.server.host import url_host
 
     port = port or free_port(host)
@@ -149,7 +165,14 @@ def start_server(
     if auth_string:
         env["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
     env.update(service_environ(services, env))
+    if database is not None:
+        env.update(database.server_environ())
+    env.update(extra_env or {})
     cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
+    if services == "none":
+        cmd.append("--no-services")
+    if api_processes > 1:
+        cmd += ["--workers", str(api_processes)]
     if tls is not None:
         cmd = [
             sys.executable,
@@ -192,6 +215,7 @@ def start_server(
                 ca_file=cafile,
                 services=services,
                 run_pid=guard_parent,
+                database=database.url if database is not None else None,
             )
             return proc, api_url
         time.sleep(0.5)
@@ -240,6 +264,7 @@ def _register(
     ca_file: str | None = None,
     services: str = "all",
     run_pid: int | None = None,
+    database: str | None = None,
 ) -> None:
     record = {
         "pid": pid,
@@ -251,6 +276,7 @@ def _register(
         "ssl_cert_file": ca_file,
         "services": services,
         "run_pid": run_pid,  # the run it stops with (its guard's parent); None: a server left running on purpose
+        "database": database,  # a PostgreSQL URL (never with a password); None: SQLite in state_dir
     }
     try:
         registry_dir().mkdir(parents=True, exist_ok=True)

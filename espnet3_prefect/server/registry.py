@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from espnet3_prefect._internal.proc import pid_alive, stop_tree
 from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.drain import drain_server
 from espnet3_prefect.server.process import forget_server, healthy, stop_server
 from espnet3_prefect.server.state_home import registry_dir
 
@@ -149,6 +150,8 @@ def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> 
             continue
         if server.worker_pid:
             stop_worker(server.worker_pid, timeout_s)
+        # what the recorder has not written yet lives in the server's memory: let it catch up first
+        drain_server(server.state_dir, server.api_url, server.ssl_cert_file)
         stop_server(server.pid, timeout_s)
         _forget(server)
         stopped.append(server)

@@ -27,12 +27,13 @@ BATCHED = {
     for service in ("TASK_RUN_RECORDER", "EVENT_PERSISTER")
     for key, value in (("READ_BATCH_SIZE", "50"), ("BATCH_SIZE", "50"), ("FLUSH_INTERVAL", "1"))
 }
-SERVICES = ("all", "run")
+SERVICES = ("all", "run", "none")
 
 
 def service_environ(services: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables to add to the server's environment for ``services`` (``"all"`` or ``"run"``);
-    none that ``environ`` (the user's) already sets.
+    """The variables to add to the server's environment for ``services`` (``"all"``, ``"run"``, or
+    ``"none"``: an API process whose services run in a process of their own, :mod:`.split`); none
+    that ``environ`` (the user's) already sets.
 
     >>> env = service_environ("run", {"PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "true"})
     >>> "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED" in env, env["PREFECT_SERVER_SERVICES_FOREMAN_ENABLED"]

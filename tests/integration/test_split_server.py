@@ -1,0 +1,156 @@
+"""The split server (:mod:`espnet3_prefect.server.split`): API processes apart from the services, Redis
+messaging through prefect-redis and a private ``redis-server``. A real Redis, real Prefect processes,
+real ``espnet3-prefect infer`` runs against them. Without redis-server or prefect-redis the tests
+skip (fail in CI, where ``E3P_REQUIRE_REDIS=1``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import toy_config, write_yaml
+from tests.helpers.prefect_db import seed
+from tests.helpers.procs import CLI, ROOT, pid_alive, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def redis_available():
+    missing = [
+        what
+        for what, there in (
+            ("redis-server (apt-get install redis-server)", shutil.which("redis-server")),
+            ("prefect-redis (pip install 'espnet3-prefect[lab]')", importlib.util.find_spec("prefect_redis")),
+        )
+        if not there
+    ]
+    if missing:
+        message = f"not installed: {', '.join(missing)}"
+        if os.environ.get("E3P_REQUIRE_REDIS") == "1":
+            pytest.fail(message + "; E3P_REQUIRE_REDIS=1")
+        pytest.skip(message)
+
+
+def run_infer(tmp_path: Path, api_url: str, name: str, shards: int) -> subprocess.CompletedProcess:
+    """``espnet3-prefect infer`` of the toy recipe (``shards`` shards, 2 workers) against ``api_url``."""
+    cfg = write_yaml(
+        tmp_path / f"{name}.yaml", toy_config(tmp_path / name, n=2 * shards, num_shards=shards, n_workers=2)
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_API_URL=api_url, PYTHONPATH=str(ROOT), ESPNET3_PREFECT_REGISTRY=str(tmp_path / "registry"))
+    proc = subprocess.run(
+        [*CLI, "infer", "--config", str(cfg)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"test_a: {2 * shards} items, {shards} shards run, 0 cached" in proc.stdout
+    return proc
+
+
+def completed_shards(api_url: str) -> int:
+    """How many ``run-shard`` task runs the server has recorded as completed."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(api_url) as client:
+        runs = client.read_task_runs(limit=200)
+    return sum(t.name.startswith("run-shard-") and t.state is not None and t.state.is_completed() for t in runs)
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
+def test_backlog_sent_while_services_are_down_survives_a_restart_and_stop_leaves_no_process(tmp_path, monkeypatch):
+    from espnet3_prefect.server.split import leftover_pids, start_split_server
+
+    monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
+    home = tmp_path / "home"
+    seed(home)  # SQLite, already migrated (one API process: Prefect runs more on PostgreSQL only)
+    server = start_split_server(home, api_processes=1)
+    try:
+        pids = server.pids()
+        password = (home / "redis/password").read_text().strip()
+        assert oct((home / "redis/password").stat().st_mode & 0o777) == "0o600"
+        assert all(password not in cmdline(pid) for pid in pids.values())
+        # a first run with everything up: every shard recorded
+        run_infer(tmp_path, server.api_url, "first", shards=3)
+        wait_for(lambda: completed_shards(server.api_url) == 3, 60, "the first run's 3 shard task runs")
+        # the services stop: a run's events wait in Redis, nothing records them
+        server.stop_services()
+        assert not pid_alive(pids["services"])
+        run_infer(tmp_path, server.api_url, "second", shards=4)
+        assert completed_shards(server.api_url) == 3  # the second run's 4 not recorded (yet)
+    finally:
+        server.stop()
+    assert not [pid for pid in pids.values() if pid_alive(pid)]  # API, services, Redis: all gone, by pid
+    assert leftover_pids(home) == []
+    # the server restarts (Redis too, from its append-only file): the backlog is recorded
+    server = start_split_server(home, api_processes=1)
+    try:
+        wait_for(
+            lambda: completed_shards(server.api_url) == 7, 60, "the 4 shard task runs sent while the services were down"
+        )
+        restarted = server.pids()
+    finally:
+        server.stop()
+    assert not [pid for pid in restarted.values() if pid_alive(pid)]
+
+
+def test_more_api_processes_than_one_need_postgresql(tmp_path):
+    from espnet3_prefect.errors import Espnet3PrefectError
+    from espnet3_prefect.server.split import start_split_server
+
+    with pytest.raises(Espnet3PrefectError, match="api_processes: 2 API processes need PostgreSQL"):
+        start_split_server(tmp_path / "home", api_processes=2)
+    assert not (tmp_path / "home").exists()  # refused before anything started
+
+
+def test_two_api_processes_on_postgresql_record_every_task_run_of_two_runs_at_once(tmp_path, monkeypatch):
+    import psutil
+
+    from espnet3_prefect.server.split import start_split_server
+    from tests.helpers import postgres
+
+    database = postgres.fresh_database()  # skips without PostgreSQL (fails under E3P_REQUIRE_POSTGRES=1)
+    monkeypatch.setenv("ESPNET3_PREFECT_REGISTRY", str(tmp_path / "registry"))
+    home = postgres.reachable_tmp()
+    try:
+        server = start_split_server(home, api_processes=2, database=database)
+        try:
+            pids = server.pids()
+            api_children = psutil.Process(pids["api"]).children(recursive=True)
+            serving = [p for p in api_children if "spawn_main" in " ".join(p.cmdline())]
+            assert len(serving) == 2, [p.cmdline() for p in api_children]  # uvicorn's two API processes
+            runs = [
+                subprocess.Popen(
+                    [*CLI, "infer", "--config", str(write_yaml(tmp_path / f"{name}.yaml", cfg))],
+                    env={
+                        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
+                        "PREFECT_API_URL": server.api_url,
+                        "PYTHONPATH": str(ROOT),
+                    },
+                    cwd=tmp_path,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for name, cfg in (
+                    (name, toy_config(tmp_path / name, n=8, num_shards=4, n_workers=2)) for name in ("one", "two")
+                )
+            ]
+            for proc in runs:
+                out, err = proc.communicate(timeout=300)
+                assert proc.returncode == 0, err[-3000:]
+                assert "test_a: 8 items, 4 shards run, 0 cached" in out
+            wait_for(lambda: completed_shards(server.api_url) == 8, 60, "both runs' 8 shard task runs")
+        finally:
+            server.stop()
+        assert not [pid for pid in [*pids.values(), *(p.pid for p in serving)] if pid_alive(pid)]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
