@@ -43,6 +43,17 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(config, items):
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable
+    # a file whose server fixture runs on both databases (tests.helpers.postgres.DATABASES) runs on
+    # PostgreSQL only its tests marked `postgres`: what a database changes, not everything twice
+    twice = [
+        item
+        for item in items
+        if "postgres" in getattr(getattr(item, "callspec", None), "params", {}).values()
+        and item.get_closest_marker("postgres") is None
+    ]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
+        items[:] = [item for item in items if item not in twice]
 
 
 # Batch jobs and spawned workers import tests.helpers.* too.

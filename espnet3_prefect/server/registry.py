@@ -140,8 +140,8 @@ class StopOutcome(NamedTuple):
 
 def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> StopOutcome:
     """Stop the servers :func:`find_servers` finds for ``target``, with deploy-local's worker (and the
-    flow runs it started) when it is deploy-local's server. A server another espnet3-prefect process
-    is using is left running unless ``force``."""
+    flow runs it started) and private PostgreSQL when it is deploy-local's server. A server another
+    espnet3-prefect process is using is left running unless ``force``."""
     stopped, busy = [], []
     for server in find_servers(target):
         if server.users() and not force:
@@ -150,9 +150,23 @@ def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> 
         if server.worker_pid:
             stop_worker(server.worker_pid, timeout_s)
         stop_server(server.pid, timeout_s)
+        cluster = _deploy_postgres(Path(server.state_dir), server.pid)
         _forget(server)
+        if cluster:  # deploy-local's private PostgreSQL, once the server that wrote to it is gone
+            from espnet3_prefect.server.postgres import stop_postgres
+
+            stop_postgres(cluster)
         stopped.append(server)
     return StopOutcome(stopped, busy)
+
+
+def _deploy_postgres(home: Path, server_pid: int) -> int | None:
+    """The pid of the private PostgreSQL ``deploy-local`` started with server ``server_pid``, if any."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        state = json.loads((home / "deploy-local.json").read_text())
+        if state.get("server_pid") == server_pid:
+            return state.get("postgres_pid")
+    return None
 
 
 def _forget(server: ServerRecord) -> None:
