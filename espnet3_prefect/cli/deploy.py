@@ -375,6 +375,7 @@ def stop_local(args: argparse.Namespace) -> int:
     ``deploy-local``, in that order (the server writes what it holds before its database goes)."""
     from espnet3_prefect.server.embedded import forget_server, running_server
     from espnet3_prefect.server.postgres import running_postgres, stop_postgres
+    from espnet3_prefect.server.process import STOP_TIMEOUT_S
     from espnet3_prefect.server.registry import stop_worker
     from espnet3_prefect.server.state_home import registry_dir, state_dir
 
@@ -394,7 +395,7 @@ def stop_local(args: argparse.Namespace) -> int:
     stopped = []
     if stop_worker(state["worker_pid"]):
         stopped.append(f"worker pid {state['worker_pid']}")
-    if stop_tree(state["server_pid"]):
+    if stop_tree(state["server_pid"], STOP_TIMEOUT_S):  # it drains its services' queues first
         stopped.append(f"server pid {state['server_pid']}")
     (home / "users" / str(state["server_pid"])).unlink(missing_ok=True)
     (registry_dir() / f"{state['server_pid']}.json").unlink(missing_ok=True)

@@ -27,6 +27,7 @@ from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive, stop_group
 from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.serve import DRAIN_TIMEOUT_S
 from espnet3_prefect.server.services import service_environ
 from espnet3_prefect.server.state_home import PREFECT_HOME_DIR, registry_dir
 
@@ -219,7 +220,11 @@ def guard_command(parent: int, home: Path, api_url: str) -> list[str]:
     ]
 
 
-def stop_server(pid: int, timeout_s: float = 20) -> None:
+#: how long a server may take to stop on SIGTERM (its drain included, :mod:`.serve`) before SIGKILL
+STOP_TIMEOUT_S = DRAIN_TIMEOUT_S + 10
+
+
+def stop_server(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """Stop the server process group started by :func:`start_server`: SIGTERM, which both the server
     (uvicorn: a graceful shutdown, which first drains the services' queues: :mod:`.serve`) and its
     guard (which tells the server so and waits for it) stop on, then SIGKILL after ``timeout_s``."""

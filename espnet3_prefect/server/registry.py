@@ -138,7 +138,7 @@ class StopOutcome(NamedTuple):
     busy: list[ServerRecord]  # still used by a running espnet3-prefect process; left alone (force=False)
 
 
-def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> StopOutcome:
+def stop_servers(target: str, *, force: bool = False, timeout_s: float = 30) -> StopOutcome:
     """Stop the servers :func:`find_servers` finds for ``target``, with deploy-local's worker (and the
     flow runs it started) and private PostgreSQL when it is deploy-local's server. A server another
     espnet3-prefect process is using is left running unless ``force``."""
