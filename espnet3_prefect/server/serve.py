@@ -100,7 +100,11 @@ def with_drain(app, timeout_s: float) -> None:
         async with inner(app_) as state:
             yield state
             left, waited_s = await drain(timeout_s)
-            line = f"espnet3-prefect: stopping; services' queues: {left} messages left after {waited_s:.1f} s"
+            line = (
+                "espnet3-prefect: stopping; this Prefect's service queues are not where we look: not drained"
+                if left is None
+                else f"espnet3-prefect: stopping; services' queues: {left} messages left after {waited_s:.1f} s"
+            )
             print(line, flush=True)
 
     app.router.lifespan_context = draining
