@@ -155,8 +155,7 @@ def _wait_for_worker(creds, pool: str, proc: subprocess.Popen, log: Path) -> flo
 
 def _database_choice(args: argparse.Namespace, home: Path) -> dict:
     """What the runs are kept in: ``{"kind": "sqlite" | "postgres" | "url", "url": ...}``, from the
-    options, else what this state dir was last deployed with (written back when given)."""
-    from espnet3_prefect._internal.atomic import atomic_write_text
+    options, else what this state dir was last deployed with (:func:`_remember`)."""
     from espnet3_prefect.errors import ConfigError
     from espnet3_prefect.server.postgres import user_database
 
@@ -173,8 +172,15 @@ def _database_choice(args: argparse.Namespace, home: Path) -> dict:
         if not isinstance(remembered, dict) or remembered.get("kind") not in ("sqlite", "postgres", "url"):
             raise ConfigError(f"{home / DATABASE_FILE}: not a database choice deploy-local wrote; remove it")
         return remembered
-    atomic_write_text(home / DATABASE_FILE, json.dumps(choice))
     return choice
+
+
+def _remember(home: Path, choice: dict) -> None:
+    """Write ``choice`` down once a server runs on it (a refused or failed start changes nothing)."""
+    from espnet3_prefect._internal.atomic import atomic_write_text
+
+    if read_json(home / DATABASE_FILE) != choice:
+        atomic_write_text(home / DATABASE_FILE, json.dumps(choice))
 
 
 def _describe(choice: dict) -> str:
@@ -215,6 +221,7 @@ def deploy_local(args: argparse.Namespace) -> int:
     current = read_json(home / STATE_FILE)
     if current and pid_alive(current.get("worker_pid", -1)) and running_server(home):
         _same_database(home, running_server(home), choice)
+        _remember(home, choice)
         server_client(home, running_server(home), **wanted)
         _print_ready(current, "already running")
         return 0
@@ -255,6 +262,7 @@ def deploy_local(args: argparse.Namespace) -> int:
         from espnet3_prefect.server.postgres import running_postgres
 
         database = running_postgres(home / POSTGRES_DIR)
+    _remember(home, choice)
     creds = server_client(home, info, **wanted)
     timings["server_s"] = time.monotonic() - t0
     # While deploy-local's server runs it counts as a user, so `espnet3-prefect infer` reuses it

@@ -5,9 +5,11 @@ graceful stop that first lets the services write what they hold.
 ``prefect server start`` runs the same app (the final app with its background services) in the
 foreground, but has no TLS options, and its stop drops what its services had not yet written: Prefect
 passes a run's events to the task-run recorder and the event persister through in-memory queues,
-and on SIGTERM the services are stopped with their queues unread (of 200 task runs sent just before
-a stop, 101 were recorded with our batching and 40 with Prefect's defaults; ``python -m
-benchmarks.recorder_backlog``). Here the stop waits, once uvicorn has stopped taking requests and
+and on SIGTERM the services are stopped with their queues unread. Of 1,000 task runs whose flow
+returned just before a stop, a SQLite server recorded 685 with Prefect's defaults, 913 with our
+batching, 1,000 with batching and this drain; a PostgreSQL one 0, 205 and 666 (the drain's 20 s
+were not enough there, on a machine at a load of ~30 on 2 cores; ``python -m
+benchmarks.recorder_backlog``, docs/lab-server.md). Here the stop waits, once uvicorn has stopped taking requests and
 before the services stop, until those queues are empty (:func:`drain`), at most
 ``$ESPNET3_PREFECT_DRAIN_TIMEOUT_S`` seconds (default :data:`DRAIN_TIMEOUT_S`; 0: no wait), and less
 when nothing is read from them for :data:`STALLED_S`. With Redis messaging (``prefect-redis``) the
