@@ -7,11 +7,11 @@ foreground, but has no TLS options, and its stop drops what its services had not
 passes a run's events to the task-run recorder and the event persister through in-memory queues,
 and on SIGTERM the services are stopped with their queues unread. Of 1,000 task runs whose flow
 returned just before a stop, a SQLite server recorded 685 with Prefect's defaults, 913 with our
-batching, 1,000 with batching and this drain; a PostgreSQL one 0, 205 and 666 (the drain's 20 s
-were not enough there, on a machine at a load of ~30 on 2 cores; ``python -m
-benchmarks.recorder_backlog``, docs/lab-server.md). Here the stop waits, once uvicorn has stopped taking requests and
-before the services stop, until those queues are empty (:func:`drain`), at most
-``$ESPNET3_PREFECT_DRAIN_TIMEOUT_S`` seconds (default :data:`DRAIN_TIMEOUT_S`; 0: no wait), and less
+batching, 1,000 with batching and this drain; a PostgreSQL one 0, 579 and 1,000 (at a load of 15-30
+on 2 cores; ``python -m benchmarks.recorder_backlog``, docs/lab-server.md). Here the stop waits, once
+uvicorn has stopped taking requests and before the services stop, until those queues are empty
+(:func:`drain`), at most ``$ESPNET3_PREFECT_DRAIN_TIMEOUT_S`` seconds (default
+:data:`DRAIN_TIMEOUT_S`; 0: no wait), and less
 when nothing is read from them for :data:`STALLED_S`. With Redis messaging (``prefect-redis``) the
 queues outlive the server and nothing is waited for.
 
