@@ -26,12 +26,13 @@ from espnet3_prefect._internal.proc import pid_alive, stop_tree
 from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.cli.common import SwitchCommand, add_auth_switch, add_server_options, add_tls_switch
 from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.postgres import STATE_SUBDIR
 
 DEFAULT_POOL = "espnet3-local"
 DEFAULT_UI_PORT = 4200
 STATE_FILE = "deploy-local.json"
 DATABASE_FILE = "database.json"  # the database deploy-local was last told to use: {"kind": ..., "url": ...}
-POSTGRES_DIR = "postgres"  # the private cluster's folder in the state dir
+POSTGRES_DIR = STATE_SUBDIR  # the private cluster's folder in the state dir
 WORKER_START_TIMEOUT_S = 120
 WORKER_QUERY_S = 2
 CHECKPOINT_QUEUE = "checkpoints"  # evaluate/checkpoint's work queue in prefect.yaml: concurrency limit 1
@@ -408,8 +409,10 @@ def stop_local(args: argparse.Namespace) -> int:
     (home / "users" / str(state["server_pid"])).unlink(missing_ok=True)
     (registry_dir() / f"{state['server_pid']}.json").unlink(missing_ok=True)
     forget_server(home, state["server_pid"], state["api_url"])  # its record, credential and certificate
-    if state.get("postgres_pid") and stop_postgres(state["postgres_pid"]):
-        stopped.append(f"PostgreSQL pid {state['postgres_pid']}")
+    cluster = running_postgres(home / POSTGRES_DIR)  # the recorded pid, if it still is that cluster's
+    if state.get("postgres_pid") and cluster is not None and cluster.pid == state["postgres_pid"]:
+        stop_postgres(cluster.pid)
+        stopped.append(f"PostgreSQL pid {cluster.pid}")
     (home / STATE_FILE).unlink(missing_ok=True)
     print("stopped " + (", ".join(stopped) if stopped else "nothing (already gone)"))
     return 0

@@ -54,6 +54,8 @@ PACKAGE = "postgresql"
 BIN_ROOT = Path("/usr/lib/postgresql")
 #: the role and the database Prefect uses in a private cluster
 ROLE = DATABASE = "prefect"
+#: the private cluster's folder in a state dir (``deploy-local --postgres``)
+STATE_SUBDIR = "postgres"
 #: the user PostgreSQL runs as when we are root (it refuses root)
 SYSTEM_USER = "postgres"
 START_TIMEOUT_S = 60

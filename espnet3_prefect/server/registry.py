@@ -153,9 +153,11 @@ def stop_servers(target: str, *, force: bool = False, timeout_s: float = 30) -> 
         cluster = _deploy_postgres(Path(server.state_dir), server.pid)
         _forget(server)
         if cluster:  # deploy-local's private PostgreSQL, once the server that wrote to it is gone
-            from espnet3_prefect.server.postgres import stop_postgres
+            from espnet3_prefect.server.postgres import STATE_SUBDIR, running_postgres, stop_postgres
 
-            stop_postgres(cluster)
+            running = running_postgres(Path(server.state_dir) / STATE_SUBDIR)
+            if running is not None and running.pid == cluster:  # still that cluster, not a reused pid
+                stop_postgres(cluster)
         stopped.append(server)
     return StopOutcome(stopped, busy)
 
