@@ -28,7 +28,7 @@ LONGEST_FIRST = (
     # estimated, not yet timed in CI: its one test on SQLite (221 s) and on PostgreSQL
     "tests/integration/test_checkpoint_events.py",  # ~440 s
     "tests/parity/test_parity.py",  # 325 s
-    "tests/integration/test_deployments.py",  # 230 s on SQLite, + ~90 s on PostgreSQL (estimated)
+    "tests/integration/test_deployments.py",  # 230 s on SQLite, + ~35 s on PostgreSQL (estimated)
     "tests/integration/test_real_backends.py",  # 294 s, mostly waiting on SLURM's walltime
     "tests/integration/test_security_api.py",  # 224 s, + ~50 s on PostgreSQL (estimated)
     "tests/integration/test_task_runner_contract.py",  # 239 s

@@ -33,7 +33,8 @@ CER_T = "espnet3.systems.esp2_asr.metrics.cer.CER"
 @pytest.fixture(scope="module", params=DATABASES)
 def deployed(request, tmp_path_factory):
     """deploy-local on a copy of the project; yields (project, env, state); stopped after. Once on
-    SQLite, once on PostgreSQL (``--database``; only the tests marked ``postgres``)."""
+    SQLite, once on PostgreSQL (``--database``; only the tests marked ``postgres``: deployment runs on
+    PostgreSQL are those of test_checkpoint_events and test_security_api, the CI time kept small)."""
     base = tmp_path_factory.mktemp("deploy")
     home = base / "home"
     started = time.monotonic()
@@ -69,7 +70,6 @@ def last_run(d, name: str):
     return run
 
 
-@pytest.mark.postgres
 def test_infer_local_then_evaluate_local_on_the_demo(deployed):
     d = deployed
     run = deployment_run(d, "infer/local")
