@@ -2,8 +2,13 @@
 worker, in one step (127.0.0.1, or ``--host`` with basic auth and HTTPS); ``deploy-local --stop`` ends
 them (and the worker's flow runs).
 
-    espnet3-prefect deploy-local [--port 4200] [--host ADDRESS]
+    espnet3-prefect deploy-local [--port 4200] [--host ADDRESS] [--postgres | --database URL]
     espnet3-prefect deploy-local --stop
+
+The runs are kept in SQLite in the state dir by default (one person). ``--postgres`` keeps them in a
+private PostgreSQL cluster started from the machine's binaries (``STATE_DIR/postgres``), ``--database
+URL`` in a PostgreSQL the lab runs (:mod:`espnet3_prefect.server.postgres`): a lab's server. The choice
+is remembered in the state dir (``database.json``), so a later ``deploy-local`` finds the same history.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from espnet3_prefect._internal.proc import pid_alive, stop_tree
 from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.cli.common import SwitchCommand, add_auth_switch, add_server_options, add_tls_switch
 from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.postgres import STATE_SUBDIR
 
 DEFAULT_POOL = "espnet3-local"
 DEFAULT_UI_PORT = 4200
 STATE_FILE = "deploy-local.json"
+DATABASE_FILE = "database.json"  # the database deploy-local was last told to use: {"kind": ..., "url": ...}
+POSTGRES_DIR = STATE_SUBDIR  # the private cluster's folder in the state dir
 WORKER_START_TIMEOUT_S = 120
 WORKER_QUERY_S = 2
 CHECKPOINT_QUEUE = "checkpoints"  # evaluate/checkpoint's work queue in prefect.yaml: concurrency limit 1
@@ -52,6 +60,22 @@ def register(sub) -> None:
     )
     add_auth_switch(deploy, "--auth")
     add_tls_switch(deploy, "--tls")
+    where = deploy.add_mutually_exclusive_group()
+    where.add_argument(
+        "--postgres",
+        action="store_true",
+        help=f"keep the runs in a private PostgreSQL cluster started from this machine's binaries "
+        f"(Debian's postgresql package; data in STATE_DIR/{POSTGRES_DIR}, 127.0.0.1, a generated password "
+        "in a 0600 file): a lab's server. Remembered for later starts",
+    )
+    where.add_argument(
+        "--database",
+        default=None,
+        metavar="URL",
+        help="keep the runs in a PostgreSQL the lab runs: postgresql://USER@HOST[:PORT]/DB, its password "
+        "in ~/.pgpass or the file PGPASSFILE names, never in the URL; 'sqlite': the default, SQLite in "
+        "the state dir. Remembered for later starts",
+    )
     deploy.add_argument("--pool", default=DEFAULT_POOL, help="process work pool name (default %(default)s)")
     deploy.add_argument(
         "--project-dir",
@@ -130,6 +154,54 @@ def _wait_for_worker(creds, pool: str, proc: subprocess.Popen, log: Path) -> flo
     )
 
 
+def _database_choice(args: argparse.Namespace, home: Path) -> dict:
+    """What the runs are kept in: ``{"kind": "sqlite" | "postgres" | "url", "url": ...}``, from the
+    options, else what this state dir was last deployed with (:func:`_remember`)."""
+    from espnet3_prefect.errors import ConfigError
+    from espnet3_prefect.server.postgres import user_database
+
+    if args.postgres:
+        choice = {"kind": "postgres"}
+    elif args.database is not None and args.database.strip().lower() == "sqlite":
+        choice = {"kind": "sqlite"}
+    elif args.database is not None:
+        choice = {"kind": "url", "url": user_database(args.database).url}
+    else:
+        remembered = read_json(home / DATABASE_FILE)
+        if remembered is None:
+            return {"kind": "sqlite"}
+        if not isinstance(remembered, dict) or remembered.get("kind") not in ("sqlite", "postgres", "url"):
+            raise ConfigError(f"{home / DATABASE_FILE}: not a database choice deploy-local wrote; remove it")
+        return remembered
+    return choice
+
+
+def _remember(home: Path, choice: dict) -> None:
+    """Write ``choice`` down once a server runs on it (a refused or failed start changes nothing)."""
+    from espnet3_prefect._internal.atomic import atomic_write_text
+
+    if read_json(home / DATABASE_FILE) != choice:
+        atomic_write_text(home / DATABASE_FILE, json.dumps(choice))
+
+
+def _describe(choice: dict) -> str:
+    return {"sqlite": "SQLite in the state dir", "postgres": "private PostgreSQL"}.get(
+        choice["kind"], f"PostgreSQL {choice.get('url')}"
+    )
+
+
+def _open_database(choice: dict, home: Path):
+    """The :class:`~espnet3_prefect.server.postgres.Database` of ``choice`` (the private cluster started
+    unless it runs), None for SQLite."""
+    from espnet3_prefect.server import postgres
+
+    if choice["kind"] == "postgres":
+        return postgres.start_postgres(home / POSTGRES_DIR)
+    if choice["kind"] == "url":
+        return postgres.user_database(choice["url"])
+    return None
+
+
 def deploy_local(args: argparse.Namespace) -> int:
     """Server (reused when running) + work pool + ``prefect deploy --all`` + a process worker."""
     from espnet3_prefect._internal.atomic import atomic_write_text
@@ -146,8 +218,11 @@ def deploy_local(args: argparse.Namespace) -> int:
     with_tls = tls_required(address, args.tls, args.auth)
     with_auth = auth_required(address, args.auth)
     wanted = {"wanted_host": address if args.host else None, "wanted_auth": with_auth, "wanted_tls": with_tls}
+    choice = _database_choice(args, home)
     current = read_json(home / STATE_FILE)
     if current and pid_alive(current.get("worker_pid", -1)) and running_server(home):
+        _same_database(home, running_server(home), choice)
+        _remember(home, choice)
         server_client(home, running_server(home), **wanted)
         _print_ready(current, "already running")
         return 0
@@ -161,16 +236,34 @@ def deploy_local(args: argparse.Namespace) -> int:
             f"the Prefect server of {home} (pid {info['pid']}) was started by a run without "
             f"the deployment scheduler; deploy-local once that run has ended"
         )
-    if info is None:
-        info = start_recorded(
-            home,
-            ui=True,
-            host=address,
-            auth=with_auth,
-            port=_choose_port(args.port, address),
-            tls=with_tls,
-            given_host=args.host,
-        )
+    database = None
+    if info is not None:
+        _same_database(home, info, choice)
+    else:
+        from espnet3_prefect.server.postgres import running_postgres, stop_postgres
+
+        was_running = running_postgres(home / POSTGRES_DIR) if choice["kind"] == "postgres" else None
+        database = _open_database(choice, home)
+        try:
+            info = start_recorded(
+                home,
+                ui=True,
+                host=address,
+                auth=with_auth,
+                port=_choose_port(args.port, address),
+                tls=with_tls,
+                given_host=args.host,
+                database=database,
+            )
+        except BaseException:
+            if database is not None and database.pid and was_running is None:
+                stop_postgres(database.pid)  # started for this server only: nothing left behind
+            raise
+    if database is None and choice["kind"] == "postgres":
+        from espnet3_prefect.server.postgres import running_postgres
+
+        database = running_postgres(home / POSTGRES_DIR)
+    _remember(home, choice)
     creds = server_client(home, info, **wanted)
     timings["server_s"] = time.monotonic() - t0
     # While deploy-local's server runs it counts as a user, so `espnet3-prefect infer` reuses it
@@ -222,6 +315,8 @@ def deploy_local(args: argparse.Namespace) -> int:
         "client_file": creds.source,
         "ssl_cert_file": creds.ssl_cert_file,
         "auth": bool(creds.auth_string),
+        "database": info.get("database"),  # a PostgreSQL URL (no password in it); None: SQLite
+        "postgres_pid": database.pid if database is not None else None,  # the private cluster, stopped by --stop
     }
     atomic_write_text(home / STATE_FILE, json.dumps(state, indent=2))
     try:
@@ -242,6 +337,23 @@ def deploy_local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _same_database(home: Path, info: dict, choice: dict) -> None:
+    """A server already running in ``home`` must keep its runs where ``choice`` says."""
+    from espnet3_prefect.server.postgres import running_postgres
+
+    running_on = info.get("database")
+    wanted = {"sqlite": None, "url": choice.get("url")}.get(choice["kind"])
+    if choice["kind"] == "postgres":
+        cluster = running_postgres(home / POSTGRES_DIR)
+        wanted = cluster.url if cluster is not None else "the private PostgreSQL"
+    if running_on != wanted:
+        raise Espnet3PrefectError(
+            f"the Prefect server of {home} (pid {info['pid']}) keeps its runs in "
+            f"{running_on or 'SQLite'}, not in {_describe(choice)}: "
+            "deploy-local --stop first, or deploy-local with the same database"
+        )
+
+
 def _print_ready(state: dict, headline: str) -> None:
     from espnet3_prefect.server.state_home import state_dir
 
@@ -257,6 +369,8 @@ def _print_ready(state: dict, headline: str) -> None:
             f"           export PREFECT_API_AUTH_STRING=\"$(python -c 'import json,sys; print(json.load("
             f'open(sys.argv[1]))["auth_string"])\' {state["client_file"]})"'
         )
+    db, cluster = state.get("database"), state.get("postgres_pid")
+    print(f"  runs in: {db or 'SQLite (state dir)'}" + (f" (private PostgreSQL, pid {cluster})" if cluster else ""))
     print(f"  worker:  pid {state['worker_pid']} on process pool {state['pool']!r} (log {state['worker_log']})")
     print(f"  project: {state['project_dir']}")
     print("  try:     prefect deployment run infer/local --watch")
@@ -266,14 +380,22 @@ def _print_ready(state: dict, headline: str) -> None:
 
 
 def stop_local(args: argparse.Namespace) -> int:
-    """Stop the worker (and its flow runs) and the server recorded by ``deploy-local``."""
-    from espnet3_prefect.server.embedded import forget_server
+    """Stop the worker (and its flow runs), the server and the private PostgreSQL recorded by
+    ``deploy-local``, in that order (the server writes what it holds before its database goes)."""
+    from espnet3_prefect.server.embedded import forget_server, running_server
+    from espnet3_prefect.server.postgres import running_postgres, stop_postgres
+    from espnet3_prefect.server.process import STOP_TIMEOUT_S
     from espnet3_prefect.server.registry import stop_worker
     from espnet3_prefect.server.state_home import registry_dir, state_dir
 
     home = state_dir(args.state_dir)
     state = read_json(home / STATE_FILE)
     if state is None:
+        cluster = running_postgres(home / POSTGRES_DIR)
+        if cluster is not None and not running_server(home):  # left by a deploy-local that failed half-way
+            stop_postgres(cluster.pid)
+            print(f"stopped PostgreSQL pid {cluster.pid} (no server was using it)")
+            return 0
         from espnet3_prefect.server.registry import format_servers, list_servers
 
         print(f"deploy-local started nothing in {home} (no {STATE_FILE}); the servers espnet3-prefect left running:")
@@ -282,14 +404,15 @@ def stop_local(args: argparse.Namespace) -> int:
     stopped = []
     if stop_worker(state["worker_pid"]):
         stopped.append(f"worker pid {state['worker_pid']}")
-    from espnet3_prefect.server.drain import drain_server
-
-    drain_server(str(home), state["api_url"])  # the recorder's backlog is in the server's memory
-    if stop_tree(state["server_pid"]):
+    if stop_tree(state["server_pid"], STOP_TIMEOUT_S):  # it drains its services' queues first
         stopped.append(f"server pid {state['server_pid']}")
     (home / "users" / str(state["server_pid"])).unlink(missing_ok=True)
     (registry_dir() / f"{state['server_pid']}.json").unlink(missing_ok=True)
     forget_server(home, state["server_pid"], state["api_url"])  # its record, credential and certificate
+    cluster = running_postgres(home / POSTGRES_DIR)  # the recorded pid, if it still is that cluster's
+    if state.get("postgres_pid") and cluster is not None and cluster.pid == state["postgres_pid"]:
+        stop_postgres(cluster.pid)
+        stopped.append(f"PostgreSQL pid {cluster.pid}")
     (home / STATE_FILE).unlink(missing_ok=True)
     print("stopped " + (", ".join(stopped) if stopped else "nothing (already gone)"))
     return 0

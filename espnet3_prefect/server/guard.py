@@ -38,7 +38,9 @@ import sys
 import time
 
 WATCH_S = 0.5  # how often the run's pid and the server are looked at
-GRACE_S = 8.0  # how long the server may take to stop on SIGTERM before its group is killed
+# how long the server may take to stop on SIGTERM (it drains its services' queues first, up to 20 s:
+# espnet3_prefect/server/serve.py) before its group is killed
+GRACE_S = 25.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
 

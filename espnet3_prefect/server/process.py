@@ -1,5 +1,5 @@
-"""The Prefect server process: a free port, ``prefect server start`` (or the HTTPS launcher
-:mod:`espnet3_prefect.server.serve`) started and waited for until healthy, recorded in the per-user
+"""The Prefect server process: a free port, Prefect's server app run by
+:mod:`espnet3_prefect.server.serve` (HTTP or HTTPS) started and waited for until healthy, recorded in the per-user
 registry (:func:`~espnet3_prefect.server.state_home.registry_dir`, read by
 :mod:`espnet3_prefect.server.registry`), and stopped by its process group. Which server a run uses,
 and when it stops, is :mod:`espnet3_prefect.server.embedded`'s business.
@@ -27,6 +27,7 @@ from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive, stop_group
 from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.serve import DRAIN_TIMEOUT_S
 from espnet3_prefect.server.services import service_environ
 from espnet3_prefect.server.state_home import PREFECT_HOME_DIR, registry_dir
 
@@ -118,9 +119,10 @@ def start_server(
     extra_env: dict[str, str] | None = None,
     api_processes: int = 1,
 ) -> tuple[subprocess.Popen, str]:
-    """Start ``prefect server start`` on ``host`` (an address) and wait until it is healthy; with
-    ``auth_string`` the API asks for basic auth (handed over in the environment, never on argv); with
-    ``tls`` (its files made) it serves HTTPS (:mod:`espnet3_prefect.server.serve`, the files by path).
+    """Start Prefect's server (:mod:`espnet3_prefect.server.serve`: the app ``prefect server start``
+    runs, with a stop that drains the services' queues) on ``host`` (an address) and wait until it is
+    healthy; with ``auth_string`` the API asks for basic auth (handed over in the environment, never
+    on argv); with ``tls`` (its files made) it serves HTTPS (the files by path).
     ``services``: ``"all"`` (deployments, schedules) or ``"run"``, what a CLI run uses (:mod:`.services`).
     ``guard_parent``: the pid of the run the server must not outlive (a server that is not kept): it
     is started under :mod:`~espnet3_prefect.server.guard`, whose pid is the one returned, recorded
@@ -168,25 +170,20 @@ def start_server(
     if database is not None:
         env.update(database.server_environ())
     env.update(extra_env or {})
-    cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
-    if services == "none":
-        cmd.append("--no-services")
-    if api_processes > 1:
-        cmd += ["--workers", str(api_processes)]
+    if services == "none" or api_processes > 1:
+        # the split server's API processes (:mod:`.split`): Prefect's own start runs N of them and no
+        # services, so there is no services' queue of theirs to drain (Redis holds the messages)
+        cmd = [prefect_executable(), "server", "start", "--host", host, "--port", str(port)]
+        if services == "none":
+            cmd.append("--no-services")
+        if api_processes > 1:
+            cmd += ["--workers", str(api_processes)]
+    else:
+        # our launcher of Prefect's app, not `prefect server start`: HTTPS when asked, and a stop that lets
+        # the services write what they hold first (:mod:`espnet3_prefect.server.serve`)
+        cmd = [sys.executable, "-m", "espnet3_prefect.server.serve", "--host", host, "--port", str(port)]
     if tls is not None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "espnet3_prefect.server.serve",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--ssl-certfile",
-            str(tls.cert_file),
-            "--ssl-keyfile",
-            str(tls.key_file),
-        ]
+        cmd += ["--ssl-certfile", str(tls.cert_file), "--ssl-keyfile", str(tls.key_file)]
     log.info("starting Prefect server: %s", " ".join(cmd))
     if guard_parent is not None:
         cmd = [*guard_command(guard_parent, home, api_url), "--", *cmd]
@@ -245,10 +242,14 @@ def guard_command(parent: int, home: Path, api_url: str) -> list[str]:
     ]
 
 
-def stop_server(pid: int, timeout_s: float = 20) -> None:
-    """Stop the server process group started by :func:`start_server`: SIGTERM, which both a ``prefect
-    server start`` (uvicorn: a graceful shutdown) and its guard (which tells the server so and waits
-    for it) stop on, then SIGKILL after ``timeout_s``."""
+#: how long a server may take to stop on SIGTERM (its drain included, :mod:`.serve`) before SIGKILL
+STOP_TIMEOUT_S = DRAIN_TIMEOUT_S + 10
+
+
+def stop_server(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop the server process group started by :func:`start_server`: SIGTERM, which both the server
+    (uvicorn: a graceful shutdown, which first drains the services' queues: :mod:`.serve`) and its
+    guard (which tells the server so and waits for it) stop on, then SIGKILL after ``timeout_s``."""
     try:
         stop_group(pid, timeout_s)
     finally:

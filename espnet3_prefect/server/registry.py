@@ -139,10 +139,10 @@ class StopOutcome(NamedTuple):
     busy: list[ServerRecord]  # still used by a running espnet3-prefect process; left alone (force=False)
 
 
-def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> StopOutcome:
+def stop_servers(target: str, *, force: bool = False, timeout_s: float = 30) -> StopOutcome:
     """Stop the servers :func:`find_servers` finds for ``target``, with deploy-local's worker (and the
-    flow runs it started) when it is deploy-local's server. A server another espnet3-prefect process
-    is using is left running unless ``force``."""
+    flow runs it started) and private PostgreSQL when it is deploy-local's server. A server another
+    espnet3-prefect process is using is left running unless ``force``."""
     stopped, busy = [], []
     for server in find_servers(target):
         if server.users() and not force:
@@ -153,9 +153,25 @@ def stop_servers(target: str, *, force: bool = False, timeout_s: float = 20) -> 
         # what the recorder has not written yet lives in the server's memory: let it catch up first
         drain_server(server.state_dir, server.api_url, server.ssl_cert_file)
         stop_server(server.pid, timeout_s)
+        cluster = _deploy_postgres(Path(server.state_dir), server.pid)
         _forget(server)
+        if cluster:  # deploy-local's private PostgreSQL, once the server that wrote to it is gone
+            from espnet3_prefect.server.postgres import STATE_SUBDIR, running_postgres, stop_postgres
+
+            running = running_postgres(Path(server.state_dir) / STATE_SUBDIR)
+            if running is not None and running.pid == cluster:  # still that cluster, not a reused pid
+                stop_postgres(cluster)
         stopped.append(server)
     return StopOutcome(stopped, busy)
+
+
+def _deploy_postgres(home: Path, server_pid: int) -> int | None:
+    """The pid of the private PostgreSQL ``deploy-local`` started with server ``server_pid``, if any."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        state = json.loads((home / "deploy-local.json").read_text())
+        if state.get("server_pid") == server_pid:
+            return state.get("postgres_pid")
+    return None
 
 
 def _forget(server: ServerRecord) -> None:

@@ -22,6 +22,9 @@ import pytest
 from espnet3_prefect.server import postgres
 
 REQUIRE_VAR = "E3P_REQUIRE_POSTGRES"
+#: the databases a server-backed test file runs its server on, as fixture params: SQLite (every test)
+#: and PostgreSQL (only the tests marked ``postgres``; tests/conftest.py deselects the others)
+DATABASES = ["sqlite", pytest.param("postgres", id="postgres")]
 TEMPLATE = "e3p_template"
 
 _lock = threading.Lock()

@@ -52,11 +52,13 @@ def wait_for(predicate, timeout_s: float, what: str):
 
 
 @contextlib.contextmanager
-def deploy_local(base: Path, prepare=None):
+def deploy_local(base: Path, prepare=None, database: str = "sqlite"):
     """``deploy-local`` (a free port) on a copy of the project in ``base``, state in ``base/home``; yields
     ``(proc, state, env)``: the finished command, its state record (None when it wrote none) and the
-    environment it ran with (PREFECT_* removed). ``prepare(project, env)`` runs first. On exit:
-    ``deploy-local --stop``, then its worker and server must be gone (by pid) and its state file too."""
+    environment it ran with (PREFECT_* removed). ``prepare(project, env)`` runs first. ``database``:
+    ``"sqlite"`` (the default), or ``"postgres"``: a fresh database of the test process's PostgreSQL
+    cluster (``--database URL``, its password file in PGPASSFILE; :mod:`tests.helpers.postgres`). On
+    exit: ``deploy-local --stop``, then its worker and server must be gone (by pid) and its state file too."""
     from espnet3_prefect.server.process import free_port
 
     project = copy_project(base)
@@ -65,8 +67,15 @@ def deploy_local(base: Path, prepare=None):
     env.update(ESPNET3_PREFECT_HOME=str(home), PYTHONPATH=str(ROOT))
     if prepare is not None:
         prepare(project, env)
+    options = []
+    if database == "postgres":
+        from tests.helpers.postgres import fresh_database
+
+        db = fresh_database()
+        options = ["--database", db.url]
+        env["PGPASSFILE"] = str(db.passfile)
     proc = subprocess.run(
-        [*CLI, "deploy-local", "--port", str(free_port()), "--project-dir", str(project)],
+        [*CLI, "deploy-local", "--port", str(free_port()), "--project-dir", str(project), *options],
         env=env,
         capture_output=True,
         text=True,

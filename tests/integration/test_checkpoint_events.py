@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from espnet3_prefect.cli.deploy import CHECKPOINT_QUEUE
+from tests.helpers.postgres import DATABASES
 from tests.helpers.procs import CLI, deploy_local, wait_for
 
 pytestmark = pytest.mark.slow
@@ -48,9 +49,10 @@ def demo_checkpoint(epoch: int, dead_tones: list[int], legacy: bool = False) -> 
     return buffer.getvalue()
 
 
-@pytest.fixture(scope="module")
-def deployed(tmp_path_factory):
-    """deploy-local on a copy of the project (demo data made up front); stopped after."""
+@pytest.fixture(scope="module", params=DATABASES)
+def deployed(request, tmp_path_factory):
+    """deploy-local on a copy of the project (demo data made up front); stopped after. On SQLite and
+    on PostgreSQL (``--database``)."""
 
     def make_demo_data(project, env):
         subprocess.run(
@@ -62,7 +64,7 @@ def deployed(tmp_path_factory):
         )
 
     base = tmp_path_factory.mktemp("ckpt")
-    with deploy_local(base, prepare=make_demo_data) as (proc, state, env):
+    with deploy_local(base, prepare=make_demo_data, database=request.param) as (proc, state, env):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         env = {**env, "PREFECT_API_URL": state["api_url"], "PREFECT_HOME": str(base / "home/client_home")}
         yield {"project": base / "project", "env": env, "state": state, "base": base}
@@ -129,6 +131,7 @@ def write_slowly(path: Path, data: bytes, chunks: int, pause_s: float) -> float:
     return last
 
 
+@pytest.mark.postgres
 def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
     d = deployed
     exp = d["project"] / "exp/dtmf/checkpoints"

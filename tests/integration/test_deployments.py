@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.postgres import DATABASES
 from tests.helpers.procs import CLI, deploy_local
 
 pytestmark = pytest.mark.slow
@@ -29,13 +30,15 @@ WER_T = "espnet3.systems.esp2_asr.metrics.wer.WER"
 CER_T = "espnet3.systems.esp2_asr.metrics.cer.CER"
 
 
-@pytest.fixture(scope="module")
-def deployed(tmp_path_factory):
-    """deploy-local on a copy of the project; yields (project, env, state); stopped after."""
+@pytest.fixture(scope="module", params=DATABASES)
+def deployed(request, tmp_path_factory):
+    """deploy-local on a copy of the project; yields (project, env, state); stopped after. Once on
+    SQLite, once on PostgreSQL (``--database``; only the tests marked ``postgres``: deployment runs on
+    PostgreSQL are those of test_checkpoint_events and test_security_api, the CI time kept small)."""
     base = tmp_path_factory.mktemp("deploy")
     home = base / "home"
     started = time.monotonic()
-    with deploy_local(base) as (proc, state, env):
+    with deploy_local(base, database=request.param) as (proc, state, env):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         assert "ready in" in proc.stdout and "stop:    espnet3-prefect deploy-local --stop" in proc.stdout
         assert state["api_url"].startswith("http://127.0.0.1:") and f"UI:      {state['ui_url']}" in proc.stdout
@@ -188,6 +191,7 @@ def test_infer_detach_returns_at_once_and_the_run_finishes_in_its_folder(deploye
     assert len((elsewhere / "exp/detached/test_noisy/hyp.scp").read_text().splitlines()) == 200
 
 
+@pytest.mark.postgres
 def test_nightly_carries_its_cron_schedule_and_every_deployment_exists(deployed):
     from prefect.client.orchestration import SyncPrefectClient
 

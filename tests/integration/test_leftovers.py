@@ -70,7 +70,7 @@ def test_a_killed_driver_leaves_no_server_guard_fork_server_or_worker_and_a_reru
     family = family_of(driver.pid, server["pid"])
     # what there is to leave behind: the guard and the server under it, the fork server, the workers
     assert "guard.py" in family[server["pid"]] and "--parent" in family[server["pid"]]
-    assert any("prefect server start" in c for c in family.values()), family
+    assert any("espnet3_prefect.server.serve" in c for c in family.values()), family
     assert any("multiprocessing.forkserver" in c for c in family.values()), family
     assert len(family) >= 5, family  # driver, guard, server, fork server, 2 workers
     driver.kill()  # SIGKILL: no finally, no atexit

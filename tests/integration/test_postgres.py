@@ -147,12 +147,11 @@ def test_unreachable_folder_as_root_is_one_line():
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_prefect_server_records_runs_and_keeps_them_across_a_restart(tmp_path):
-    """A Prefect server on a fresh database of the shared cluster: a flow's task runs are recorded,
-    and a new server on the same database shows them."""
+def test_prefect_server_stopped_at_once_keeps_every_task_run_across_a_restart(tmp_path):
+    """A Prefect server on a fresh database of the shared cluster, stopped the moment a flow returns:
+    its task runs are all in PostgreSQL, and a new server on the same database shows them."""
     from espnet3_prefect.server.embedded import start_recorded
     from espnet3_prefect.server.process import stop_server
-    from tests.helpers.procs import wait_for
 
     db = pg_helper.fresh_database()
     home = tmp_path / "home"
@@ -178,10 +177,10 @@ def test_prefect_server_records_runs_and_keeps_them_across_a_restart(tmp_path):
         )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip().splitlines()[-1] == str(sum(x * x for x in range(12)))
-        count = "SELECT count(*) FROM task_run WHERE state_type = 'COMPLETED'"
-        wait_for(lambda: asyncio.run(_query(db, count))[0][0] == 12, 60, "12 completed task runs in PostgreSQL")
     finally:
-        stop_server(info["pid"])
+        stop_server(info["pid"])  # at once: a graceful stop writes what the server holds first
+    count = "SELECT count(*) FROM task_run WHERE state_type = 'COMPLETED'"
+    assert asyncio.run(_query(db, count))[0][0] == 12
     assert not (home / "prefect_home" / "prefect.db").exists()  # nothing went to SQLite
 
     info = start_recorded(home, ui=False, database=db)

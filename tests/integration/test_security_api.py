@@ -36,6 +36,7 @@ from espnet3_prefect.server.auth import client_file, read_client_file
 from espnet3_prefect.server.host import resolve_host
 from tests.conftest import ROOT, toy_config, write_yaml
 from tests.helpers.https_api import assert_only_both_get_in, key_lines, probe
+from tests.helpers.postgres import DATABASES
 from tests.helpers.procs import CLI, cli_env, copy_project, wait_for
 from tests.integration.test_real_backends import batch_parallel, queue_jobs, sge, slurm, sshd  # noqa: F401 (fixtures)
 
@@ -687,18 +688,38 @@ def test_a_worker_in_another_network_namespace_records_its_shards(netns, tmp_pat
 # -- deploy-local --host: the deployments' server, worker and flow runs with auth ------------------
 
 
-def test_deploy_local_beyond_loopback_over_https_with_auth_and_a_detached_run(tmp_path):
+@pytest.mark.postgres
+@pytest.mark.parametrize("database", DATABASES)
+def test_deploy_local_beyond_loopback_over_https_with_auth_and_a_detached_run(tmp_path, database):
+    """On SQLite, and on PostgreSQL (``--database``): then its password, too, is nowhere."""
     from espnet3_prefect.server.process import free_port
 
     address = non_loopback_address()
     project = copy_project(tmp_path)
     home = tmp_path / "home"
     env = cli_env(home)
+    options, db_password = [], None
+    if database == "postgres":
+        from tests.helpers.postgres import fresh_database
+
+        db = fresh_database()
+        options, env["PGPASSFILE"] = ["--database", db.url], str(db.passfile)
+        db_password = db.passfile.read_text().strip().rsplit(":", 1)[1]
     watch = Watch()
     watch.start()
     try:
         proc = subprocess.run(
-            [*CLI, "deploy-local", "--host", address, "--port", str(free_port(address)), "--project-dir", str(project)],
+            [
+                *CLI,
+                "deploy-local",
+                "--host",
+                address,
+                "--port",
+                str(free_port(address)),
+                "--project-dir",
+                str(project),
+                *options,
+            ],
             env=env,
             capture_output=True,
             text=True,
@@ -745,6 +766,9 @@ def test_deploy_local_beyond_loopback_over_https_with_auth_and_a_detached_run(tm
         )
         assert_nowhere(creds.auth_string, **places)
         assert_nowhere(tls["key_lines"], **places)
+        if db_password is not None:
+            assert f"runs in: {db.url}" in proc.stdout
+            assert_nowhere(db_password, **places, server_log=(home / "server.log").read_text())
     finally:
         watch.stop()
         stop = subprocess.run([*CLI, "deploy-local", "--stop"], env=env, capture_output=True, text=True, timeout=120)
