@@ -467,9 +467,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             save([{k: v for k, v in r.items() if k != "hyp"} for r in rows])
     summarize(rows, dataset)
     save(rows)
-    print(
-        f"\n{'run':<20} {'wall_s':>7} {'/ ref':>6} {'rtfx':>7} {'pad_eff':>7} {'wer':>7} {'cer':>7} same order busy"
-    )
+    print(f"\n{'run':<20} {'wall_s':>7} {'/ ref':>6} {'rtfx':>7} {'pad_eff':>7} {'wer':>7} {'cer':>7} same order busy")
     for row in rows:
         print(
             f"{row['run']:<20} {row['wall_s']:>7.2f} {row['wall_over_reference']:>6.3f} {row['rtfx']:>7.2f} "
