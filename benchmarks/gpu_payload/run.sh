@@ -27,7 +27,29 @@ if [ "${E3P_KEEP_SITE:-0}" = 1 ] && [ -f "$SITE/sitecustomize.py" ]; then
 else
   say "install wheels into $SITE"
   rm -rf "$SITE"
-  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" .gpu/whl/*.whl >"$OUT/pip.txt" 2>&1 || { say "pip failed"; tail -20 "$OUT/pip.txt"; exit 1; }
+  if [ "${E3P_NO_PIP:-0}" != 1 ] && "$PY" -m pip --version >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --target "$SITE" .gpu/whl/*.whl >"$OUT/pip.txt" 2>&1 || { say "pip failed"; tail -20 "$OUT/pip.txt"; exit 1; }
+  else  # no pip for this python: a wheel is a zip; unpack each, and write the one console script used (prefect)
+    say "no pip: unpacking the wheels"
+    "$PY" - "$SITE" .gpu/whl/*.whl <<'UNPACK' || { say "unpacking failed"; exit 1; }
+import os, shutil, sys, zipfile
+site, wheels = sys.argv[1], sys.argv[2:]
+os.makedirs(os.path.join(site, "bin"), exist_ok=True)
+for wheel in wheels:
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+for name in os.listdir(site):
+    if name.endswith(".data"):
+        for kind in ("purelib", "platlib"):
+            inner = os.path.join(site, name, kind)
+            if os.path.isdir(inner):
+                shutil.copytree(inner, site, dirs_exist_ok=True)
+launcher = os.path.join(site, "bin", "prefect")
+with open(launcher, "w") as handle:
+    handle.write(f"#!{sys.executable}\nimport sys\nfrom prefect.cli import app\nsys.exit(app())\n")
+os.chmod(launcher, 0o755)
+UNPACK
+  fi
 fi
 cp .gpu/sitecustomize.py "$SITE/"
 mkdir -p "$SRC/benchmarks"
