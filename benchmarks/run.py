@@ -267,6 +267,32 @@ def real_recipe(s: Suite) -> None:
         )
 
 
+def throughput(s: Suite) -> None:
+    """Issue 40: a real ESPnet model (mini_an4's Speech2Text), upstream's consecutive batches at 4 and
+    16 against batches by duration at the same padded-seconds budgets, 2 workers
+    (:mod:`benchmarks.throughput`, run in .venv-espnet)."""
+    python = mini_an4.VENV / "bin" / "python"
+    if not python.is_file():
+        print("  throughput: skipped (no .venv-espnet: bash scripts/real_espnet_setup.sh)")
+        return
+    out = s.work / "throughput.json"
+    cmd = [str(python), "-m", "benchmarks.throughput", "--json", str(out)] + (["--quick"] if s.quick else [])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}  # its own embedded server
+    subprocess.run(cmd, cwd=ROOT, check=True, env=env)
+    rows = {row["run"]: row for row in json.loads(out.read_text())["rows"]}
+    for duration, upstream in (("duration_b4budget", "upstream_b4"), ("duration_b16budget", "upstream_b16")):
+        d, u = rows[duration], rows[upstream]
+        s.record(
+            "throughput",
+            f"{duration} / {upstream} wall, 2 workers",
+            d["wall_s"] / u["wall_s"],
+            "<= 0.60",
+            f"{d['wall_s']:.1f} s vs {u['wall_s']:.1f} s; RTFx {d['rtfx']} vs {u['rtfx']}; padding efficiency "
+            f"{d['padding_efficiency']} vs {u['padding_efficiency']} (goal >= 0.9); WER {d['wer']} vs {u['wer']}; "
+            f"same hyps {d['same_hyps']}",
+        )
+
+
 def shard_count(s: Suite) -> None:
     """3: the default plan vs 1 and 10 shards per worker (2 workers, 3 ms forward)."""
     from espnet3_prefect.pipeline.plan import default_num_shards
@@ -378,6 +404,7 @@ def main() -> None:
             "memory",
             "merge",
             "server-scale",
+            "throughput",
         ],
     )
     args = parser.parse_args()
@@ -395,6 +422,7 @@ def main() -> None:
         "shards_by_time": shards_by_time,
         "memory": driver_memory,
         "merge": merge_vs_cat,
+        "throughput": throughput,
     }
     print(f"machine: {machine()}")
     work = Path(tempfile.mkdtemp(prefix="e3p-bench-"))
