@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from espnet3_prefect.disk.marker import check_marker, read_marker
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.pipeline.env import get_env
-from espnet3_prefect.pipeline.marker import check_marker, read_marker
 from espnet3_prefect.pipeline.plan import Shard
 from espnet3_prefect.pipeline.report import quiet_console
 from espnet3_prefect.pipeline.shard import process_shard

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from espnet3_prefect._internal.atomic import atomic_write_text
+from espnet3_prefect.disk.layout import CHECKPOINT_STATE_NAME
 from espnet3_prefect.errors import Espnet3PrefectError
-from espnet3_prefect.pipeline.layout import CHECKPOINT_STATE_NAME
 
 EVENT_NAME = "espnet3.checkpoint.saved"
 RESOURCE_PREFIX = "espnet3.checkpoint."
@@ -231,7 +231,7 @@ def checkpoint_saved(
     info = checkpoint_info(path)
     folder = Path(exp_dir).expanduser().resolve() if exp_dir else Path(info["path"]).parent
     if api_url:
-        from espnet3_prefect.server.auth import ClientCredentials
+        from espnet3_prefect.disk.client_file import ClientCredentials
 
         creds = ClientCredentials(
             api_url,
@@ -247,7 +247,7 @@ def checkpoint_saved(
 
 
 def prefect_settings(creds):
-    """Prefect's settings pointed at the API ``creds`` (:class:`~espnet3_prefect.server.auth.ClientCredentials`)
+    """Prefect's settings pointed at the API ``creds`` (:class:`~espnet3_prefect.disk.client_file.ClientCredentials`)
     reach, with its auth and, for ``https://``, its certificate, for this process, for a ``with``."""
     from prefect.settings import (
         PREFECT_API_AUTH_STRING,

@@ -33,11 +33,11 @@ from espnet3_prefect.config.runner_keys import (
     runner_folder_options,
 )
 from espnet3_prefect.config.targets import instantiate, load_callable, locate
+from espnet3_prefect.disk.layout import StageLayout
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.pipeline.duration import check_max_duration
 from espnet3_prefect.pipeline.env import EnvBuilder
-from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
 from espnet3_prefect.pipeline.provider_params import load_contract, stage_params
 from espnet3_prefect.pipeline.sizing import code_identity
