@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from espnet3_prefect.config.runner_keys import DEFAULT_PREFETCH
 from espnet3_prefect.disk.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
 from espnet3_prefect.disk.marker import remove_marker, write_marker
 from espnet3_prefect.errors import (
@@ -46,7 +47,7 @@ from espnet3_prefect.execution.backends import current_job_id
 from espnet3_prefect.pipeline.duration import InOrder, padding
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
 from espnet3_prefect.pipeline.plan import Shard, Unit
-from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH, Prefetcher, Timing, make_view
+from espnet3_prefect.pipeline.prefetch import Prefetcher, Timing, make_view
 from espnet3_prefect.pipeline.runner_hooks import RunnerHooks, close_quietly
 
 

@@ -25,6 +25,7 @@ from espnet3_prefect.config.load import fingerprint, for_test_set, identity_conf
 from espnet3_prefect.config.runner_keys import (
     DEFAULT_MAX_FAILED_RATIO,
     DEFAULT_MIN_FREE_MB,
+    DEFAULT_PREFETCH,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_DELAY_S,
     RUNNER_CONTROL_KEYS,
@@ -38,7 +39,6 @@ from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.pipeline.duration import check_max_duration
 from espnet3_prefect.pipeline.env import EnvBuilder
-from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
 from espnet3_prefect.pipeline.provider_params import load_contract, stage_params
 from espnet3_prefect.pipeline.sizing import code_identity
 
