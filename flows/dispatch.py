@@ -2,8 +2,9 @@
 ``DaskTaskRunner`` (:class:`DaskExecutor`), shared by ``infer`` and ``run-runner``.
 
 What the workers import before their first task is :mod:`espnet3_prefect.flows.workers`'s;
-:func:`run_shards` submits one ``run-shard`` task per shard and books them as they finish (progress
-bar + artifact, counts, one line per failed shard); :func:`take_run_lock` takes a folder's run lock
+:func:`run_shards` submits one ``run-shard`` task per shard the done markers say must run (the driver
+counts the finished ones without a task) and books them as they finish (progress bar + artifact,
+counts, one line per failed shard); :func:`take_run_lock` takes a folder's run lock
 and marks the flow run of a killed earlier holder Crashed.
 """
 
@@ -71,8 +72,8 @@ class DaskExecutor:
             .result()
         )
 
-    def run_shards(self, stage: Stage, shards: list[Shard], redo: dict[int, bool]) -> ShardOutcome:
-        return run_shards(self._task_runner(), stage, shards, redo, what=self.what, kind=self.kind)
+    def run_shards(self, stage: Stage, shards: list[Shard]) -> ShardOutcome:
+        return run_shards(self._task_runner(), stage, shards, what=self.what, kind=self.kind)
 
     def merge(self, stage: Stage, shards: list[Shard], n_items: int) -> tuple[Any, dict[str, str]]:
         return merge_shards(stage, shards, n_items, record=self.records_merge, what=self.what)
@@ -87,10 +88,9 @@ class DaskExecutor:
             pass
 
 
-def run_shards(
-    runner, stage, shards: list[Shard], redo: dict[int, bool], *, what: str | None = None, kind: str = "infer"
-) -> ShardOutcome:
-    """Submit every shard and book them as they finish. The first failure that a retry cannot fix
+def run_shards(runner, stage, shards: list[Shard], *, what: str | None = None, kind: str = "infer") -> ShardOutcome:
+    """Submit ``shards`` (each one runs: the driver left out those already done) and book them as they
+    finish. The first failure that a retry cannot fix
     (bad input, bad config) stops the stage at once; other failures (a worker that keeps dying,
     retries exhausted) let the remaining shards finish, so their work is kept, then fail it.
 
@@ -111,13 +111,8 @@ def run_shards(
     pending: dict = {}
     submitted = time.perf_counter()
     for shard in shards:
-        task = run_shard.with_options(
-            result_storage=stage.layout.cache_dir,
-            refresh_cache=redo[shard.index],
-            retries=stage.retries,
-            retry_delay_seconds=list(stage.retry_delay_s),
-        )
-        future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]})
+        task = run_shard.with_options(retries=stage.retries, retry_delay_seconds=list(stage.retry_delay_s))
+        future = runner.submit(task, {"work": stage.work, "shard": shard.to_dict()})
         pending[future.wrapped_future.key] = (future, shard)
     outcome = ShardOutcome(timing=empty_timing())
     failures = []
@@ -134,8 +129,7 @@ def run_shards(
                 raise Espnet3PrefectError(f"{what}: {line} (not retried: {why}the other shards were stopped)") from None
             failures.append(line)
             continue
-        cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
-        if cached:
+        if result.get("reused"):  # Dask ran a task again whose result died with its worker: done by this run
             outcome.cached += 1
         else:
             outcome.run += 1

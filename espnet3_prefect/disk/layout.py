@@ -2,7 +2,7 @@
 
 ESPnet3 202611's names are kept so a folder can be shared with upstream ``infer()``::
 
-    <inference_dir>/                      .espnet3-prefect.lock (one run at a time), .prefect-cache/,
+    <inference_dir>/                      .espnet3-prefect.lock (one run at a time),
                                           .dask-jobs/<job name>/ (batch job logs)
     <inference_dir>/<test>/               output_dir: merged <field>.scp, failures.jsonl, .merged.json
     <output_dir>/[<shard_subdir>/]        shards root: manifest.json (upstream's plan schema)
@@ -10,8 +10,8 @@ ESPnet3 202611's names are kept so a folder can be shared with upstream ``infer(
         split.N/lock                      held while the shard runs (O_EXCL, pid on the first line)
         split.N/done                      written last: the commit point (our JSON + checksums)
 
-A runner run outside the infer stage (:class:`RunnerLayout`) keeps the run lock, the cache and the
-job logs in its shards root instead of the folder above.
+A runner run outside the infer stage (:class:`RunnerLayout`) keeps the run lock and the job logs in
+its shards root instead of the folder above.
 
 >>> lay = StageLayout(Path("/x/inference/test_a"), "sub")
 >>> lay.shard_dir(3).as_posix(), lay.manifest.as_posix()
@@ -32,7 +32,6 @@ MANIFEST_NAME = "manifest.json"
 FAILURES_NAME = "failures.jsonl"
 MERGED_RECORD_NAME = ".merged.json"
 RUN_LOCK_NAME = ".espnet3-prefect.lock"
-CACHE_DIR_NAME = ".prefect-cache"
 JOB_LOGS_DIR_NAME = ".dask-jobs"
 #: beside metrics.json in inference_dir: what it was computed from (espnet3_prefect.metrics.record)
 METRICS_RECORD_NAME = ".metrics.record.json"
@@ -136,11 +135,6 @@ class StageLayout:
     def run_lock_dir(self) -> Path:
         return self.inference_dir
 
-    @property
-    def cache_dir(self) -> Path:
-        """Prefect's results for shard tasks (hidden, beside the outputs, on the shared filesystem)."""
-        return self.inference_dir / CACHE_DIR_NAME
-
     def existing_shards(self) -> dict[int, Path]:
         """The ``split.N`` folders present under :attr:`root`, by N."""
         if not self.root.is_dir():
@@ -156,14 +150,14 @@ class StageLayout:
 @dataclass(frozen=True)
 class RunnerLayout(StageLayout):
     """A runner's own folder (``runner(indices)`` / :func:`espnet3_prefect.run`): like a stage's, except
-    that the run lock, ``.prefect-cache/`` and ``.dask-jobs/`` live in the shards root itself, since
-    the folder above ``output_dir`` belongs to the user::
+    that the run lock and ``.dask-jobs/`` live in the shards root itself, since the folder above
+    ``output_dir`` belongs to the user::
 
-        <output_dir>/[<shard_subdir>/]    manifest.json, split.N/, .espnet3-prefect.lock, .prefect-cache/
+        <output_dir>/[<shard_subdir>/]    manifest.json, split.N/, .espnet3-prefect.lock, .dask-jobs/
 
     >>> lay = RunnerLayout(Path("/x/stats"), "")
-    >>> lay.cache_dir.as_posix(), lay.run_lock_dir.as_posix()
-    ('/x/stats/.prefect-cache', '/x/stats')
+    >>> lay.run_lock_dir.as_posix(), job_logs_dir(lay.inference_dir, "e3p-1").as_posix()
+    ('/x/stats', '/x/stats/.dask-jobs/e3p-1')
     """
 
     @property

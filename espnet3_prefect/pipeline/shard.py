@@ -131,6 +131,7 @@ def _process_shard(
             "failed": len(failures),
             "seconds": seconds,
             "host": socket.gethostname(),
+            "job_id": current_job_id(),  # the batch job it ran in (None outside one)
         }
         timing.write_s += time.perf_counter() - committing
         marking = time.perf_counter()
