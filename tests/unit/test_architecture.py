@@ -60,6 +60,15 @@ def test_every_package_has_a_floor():
     assert set(import_graph.package_graph(edges())) == set(FLOOR)
 
 
+def test_every_package_folder_is_installed():
+    """A new package must be in pyproject.toml's list, or a wheel installs without it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {name for name, path in import_graph.modules().items() if path.name == "__init__.py"}
+    assert folders <= listed, sorted(folders - listed)
+
+
 def test_packages_depend_one_way_down_the_house():
     packages = import_graph.package_graph(edges())
     assert import_graph.cycles({p: set(a) for p, a in packages.items()}) == []
