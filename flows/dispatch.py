@@ -20,7 +20,7 @@ from espnet3_prefect.execution.run_states import mark_flow_run_crashed, mark_tas
 from espnet3_prefect.pipeline.lock import RunLock, acquire
 from espnet3_prefect.pipeline.plan import Shard
 from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
-from espnet3_prefect.pipeline.stage import Stage
+from espnet3_prefect.pipeline.stage import Stage, StageWork
 from espnet3_prefect.pipeline.summary import ShardOutcome
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge_shards import merge_shards
@@ -56,6 +56,10 @@ class DaskExecutor:
             if self._before_start is not None:
                 self._before_start()
             self.runner = self._stack.enter_context(self._open_runner())
+            from espnet3_prefect.execution.task_runner import never_holds_futures  # loaded with the runner
+
+            # frozen, plain values: Prefect need not walk a stage's work object for futures on each submit
+            never_holds_futures(StageWork)
         return self.runner
 
     def __enter__(self) -> DaskExecutor:

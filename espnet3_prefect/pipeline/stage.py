@@ -46,10 +46,9 @@ from espnet3_prefect.pipeline.sizing import code_identity
 @dataclass(frozen=True)
 class StageWork:
     """What a shard task needs: small, picklable, no runner instance and no model. Frozen and made
-    of plain values, so it never holds a future: the task runner does not search it for one
-    (:data:`~espnet3_prefect.execution.task_runner.NO_FUTURES`)."""
+    of plain values, so it never holds a future: the flows' executor registers it as such with the task
+    runner (:func:`espnet3_prefect.execution.task_runner.never_holds_futures`)."""
 
-    __e3p_no_futures__ = True
     test_set: str
     layout: StageLayout
     runner_cls: type
