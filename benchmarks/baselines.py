@@ -18,7 +18,7 @@ from pathlib import Path
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from espnet3_prefect.pipeline.merge import concat_files
+from espnet3_prefect.disk.concat import concat_files
 from espnet3_prefect.pipeline.plan import plan_shards
 from espnet3_prefect.pipeline.stage import Stage
 

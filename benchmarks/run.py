@@ -335,7 +335,7 @@ def _peak_rss(s: Suite, n: int) -> tuple[float, float]:
 
 def merge_vs_cat(s: Suite) -> None:
     """6: merge of shard files / ``cat`` of the same files."""
-    from espnet3_prefect.pipeline.merge import concat_files
+    from espnet3_prefect.disk.concat import concat_files
 
     parts = []
     line = "utt%08d " + "x" * 90 + "\n"

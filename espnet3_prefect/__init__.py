@@ -14,9 +14,8 @@ The flows live in ``espnet3_prefect.flows`` (``flows/`` in the repository), the 
 ``espnet3_prefect.tasks``; the command line is ``espnet3-prefect`` (:mod:`espnet3_prefect.cli`).
 """
 
-from espnet3_prefect.checkpoints.events import checkpoint_saved
 from espnet3_prefect.config.load import load_config
-from espnet3_prefect.entry import infer, measure, run
+from espnet3_prefect.entry import checkpoint_saved, infer, measure, run
 from espnet3_prefect.errors import BadInputError, ConfigError, Espnet3PrefectError, ItemError, MissingExtraError
 from espnet3_prefect.espnet3.inference_runner import InferenceRunner
 from espnet3_prefect.espnet3.provider import EnvironmentProvider, InferenceProvider, resolve_device

@@ -23,15 +23,16 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from espnet3_prefect.config.load import load_config_input
-from espnet3_prefect.config.precheck import check_inputs_before_start
 from espnet3_prefect.config.runner_keys import (
     DEFAULT_MAX_FAILED_RATIO,
     DEFAULT_MIN_FREE_MB,
+    DEFAULT_PREFETCH,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_DELAY_S,
 )
@@ -39,7 +40,7 @@ from espnet3_prefect.espnet3.runner import set_call_handler
 from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL, active_parallel_config
 from espnet3_prefect.execution.spec import preflight
 from espnet3_prefect.main_guard import check_main_guard
-from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
+from espnet3_prefect.pipeline.precheck import check_inputs_before_start
 from espnet3_prefect.pipeline.runner_job import RunnerJob, importable_from_workers, prepare_job
 from espnet3_prefect.pipeline.stage import prepare_stages
 
@@ -243,3 +244,42 @@ def _api_for_workers() -> Iterator[None]:
         yield
     finally:
         os.environ.pop("PREFECT_API_URL", None)
+
+
+def checkpoint_saved(
+    path: str | Path,
+    *,
+    exp_dir: str | Path | None = None,
+    state_file: str | Path | None = None,
+    api_url: str | None = None,
+    latest: bool = False,
+) -> str | None:
+    """Tell the Prefect server a checkpoint is complete: one ``espnet3.checkpoint.saved`` event, sent and
+    confirmed, unless this content was already sent (a copy, a re-save): then nothing, and None.
+
+    Call it after the file is closed (e.g. from a Lightning ``CheckpointIO.save_checkpoint`` override).
+    ``exp_dir`` (default: the checkpoint's folder) keys the state file shared with
+    ``espnet3-prefect watch-checkpoints``; the server is ``api_url``, else ``$PREFECT_API_URL``, else
+    the one ``deploy-local`` left running for this project. ``latest``: a run still queued when a newer
+    checkpoint's run is queued behind it passes over (only the newest is evaluated). Returns the event id.
+    """
+    from espnet3_prefect.checkpoints.checkpoint import checkpoint_info
+    from espnet3_prefect.checkpoints.events import EmittedState, prefect_settings, state_path
+    from espnet3_prefect.server.registry import find_api
+
+    info = checkpoint_info(path)
+    folder = Path(exp_dir).expanduser().resolve() if exp_dir else Path(info["path"]).parent
+    if api_url:
+        from espnet3_prefect.disk.client_file import ClientCredentials
+
+        creds = ClientCredentials(
+            api_url,
+            os.environ.get("PREFECT_API_AUTH_STRING") or None,
+            ssl_cert_file=os.environ.get("PREFECT_API_SSL_CERT_FILE") or None,
+        )
+    else:
+        creds = find_api(None)
+    with prefect_settings(creds), EmittedState(state_path(folder, state_file)) as state:
+        state.flush_pending()
+        sent = state.emit([info], folder, latest)
+    return sent[0]["id"] if sent else None

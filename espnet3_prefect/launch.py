@@ -109,20 +109,6 @@ def on_prefect(system_cls: type) -> type:
     )
 
 
-def system_from_path(path: str) -> type:
-    """``--system``: a dotted ``module.Class`` path (the recipe folder is importable from the CLI)."""
-    module_name, _, name = path.rpartition(".")
-    if not module_name:
-        raise ConfigError(f"--system: {path!r} is not a dotted path like espnet3.systems.esp2_asr.system.ASRSystem")
-    try:
-        found = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"--system: cannot import {path!r}: {exc}") from None
-    if not isinstance(found, type):
-        raise ConfigError(f"--system: {path!r} is not a class")
-    return found
-
-
 def default_system(recipe_dir: Path) -> str:
     """The system of a recipe folder named after it, as ESPnet3 lays them out (``egs3/<corpus>/<system>``):
     the one system class in ``espnet3.systems.<folder name>.system``."""
@@ -240,5 +226,4 @@ __all__ = [
     "espnet3_runners_on_prefect",
     "launch",
     "on_prefect",
-    "system_from_path",
 ]

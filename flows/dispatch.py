@@ -2,8 +2,9 @@
 ``DaskTaskRunner`` (:class:`DaskExecutor`), shared by ``infer`` and ``run-runner``.
 
 What the workers import before their first task is :mod:`espnet3_prefect.flows.workers`'s;
-:func:`run_shards` submits one ``run-shard`` task per shard and books them as they finish (progress
-bar + artifact, counts, one line per failed shard); :func:`take_run_lock` takes a folder's run lock
+:func:`run_shards` submits one ``run-shard`` task per shard the done markers say must run (the driver
+counts the finished ones without a task) and books them as they finish (progress bar + artifact,
+counts, one line per failed shard); :func:`take_run_lock` takes a folder's run lock
 and marks the flow run of a killed earlier holder Crashed.
 """
 
@@ -23,7 +24,7 @@ from espnet3_prefect.execution.run_states import (
 from espnet3_prefect.pipeline.lock import RunLock, acquire
 from espnet3_prefect.pipeline.plan import Shard, longest_first
 from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
-from espnet3_prefect.pipeline.stage import Stage
+from espnet3_prefect.pipeline.stage import Stage, StageWork
 from espnet3_prefect.pipeline.summary import ShardOutcome
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge_shards import merge_shards
@@ -59,6 +60,10 @@ class DaskExecutor:
             if self._before_start is not None:
                 self._before_start()
             self.runner = self._stack.enter_context(self._open_runner())
+            from espnet3_prefect.execution.task_runner import never_holds_futures  # loaded with the runner
+
+            # frozen, plain values: Prefect need not walk a stage's work object for futures on each submit
+            never_holds_futures(StageWork)
         return self.runner
 
     def __enter__(self) -> DaskExecutor:
@@ -75,8 +80,8 @@ class DaskExecutor:
             .result()
         )
 
-    def run_shards(self, stage: Stage, shards: list[Shard], redo: dict[int, bool]) -> ShardOutcome:
-        return run_shards(self._task_runner(), stage, shards, redo, what=self.what, kind=self.kind)
+    def run_shards(self, stage: Stage, shards: list[Shard]) -> ShardOutcome:
+        return run_shards(self._task_runner(), stage, shards, what=self.what, kind=self.kind)
 
     def merge(self, stage: Stage, shards: list[Shard], n_items: int) -> tuple[Any, dict[str, str]]:
         return merge_shards(stage, shards, n_items, record=self.records_merge, what=self.what)
@@ -91,10 +96,9 @@ class DaskExecutor:
             pass
 
 
-def run_shards(
-    runner, stage, shards: list[Shard], redo: dict[int, bool], *, what: str | None = None, kind: str = "infer"
-) -> ShardOutcome:
-    """Submit every shard and book them as they finish. The first failure that a retry cannot fix
+def run_shards(runner, stage, shards: list[Shard], *, what: str | None = None, kind: str = "infer") -> ShardOutcome:
+    """Submit ``shards`` (each one runs: the driver left out those already done) and book them as they
+    finish. The first failure that a retry cannot fix
     (bad input, bad config) stops the stage at once; other failures (a worker that keeps dying,
     retries exhausted) let the remaining shards finish, so their work is kept, then fail it.
 
@@ -118,13 +122,8 @@ def run_shards(
     # the tasks on the scheduler and hands out the highest priority first); else in plan order.
     order = longest_first(shards) if getattr(stage, "shard_duration", None) is not None else shards
     for rank, shard in enumerate(order):
-        task = run_shard.with_options(
-            result_storage=stage.layout.cache_dir,
-            refresh_cache=redo[shard.index],
-            retries=stage.retries,
-            retry_delay_seconds=list(stage.retry_delay_s),
-        )
-        parameters = {"work": stage.work, "shard": shard.to_dict(), "force": redo[shard.index]}
+        task = run_shard.with_options(retries=stage.retries, retry_delay_seconds=list(stage.retry_delay_s))
+        parameters = {"work": stage.work, "shard": shard.to_dict()}
         future = runner.submit(task, parameters, priority=len(order) - rank)
         pending[future.wrapped_future.key] = (future, shard)
     outcome = ShardOutcome(timing=empty_timing())
@@ -151,8 +150,7 @@ def _book(runner, done, pending: dict, outcome: ShardOutcome, progress: Progress
             why = "" if no_space(exc) or isinstance(exc, DiskFullError) else "the same input fails the same way; "
             raise Espnet3PrefectError(f"{what}: {line} (not retried: {why}the other shards were stopped)") from None
         return [line]
-    cached = result.get("reused") or (future.state is not None and future.state.name == "Cached")
-    if cached:
+    if result.get("reused"):  # Dask ran a task again whose result died with its worker: done by this run
         outcome.cached += 1
     else:
         outcome.run += 1

@@ -18,6 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from espnet3_prefect.checkpoints.checkpoint import describe_checkpoint
+from espnet3_prefect.checkpoints.evaluation import plan_evaluation
 from espnet3_prefect.checkpoints.flow_runs import label_run, newer_run
 from espnet3_prefect.checkpoints.trend import (
     CHECKPOINT_PLOT_FILE,
@@ -31,7 +32,6 @@ from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.flows.infer import infer
 from espnet3_prefect.flows.metrics import headline, metrics
-from espnet3_prefect.metrics.evaluation import plan_evaluation
 from espnet3_prefect.metrics.history import (
     HISTORY_FILE,
     PLOT_FILE,

@@ -1,4 +1,5 @@
-"""Flow ``infer``: config -> plan shards -> build env per worker -> run shard -> mark done -> merge -> report.
+"""Flow ``infer``: config -> complete? -> build env per worker -> plan shards -> which shards run -> run
+shard -> mark done -> merge -> report (docs/datapath.md).
 
 Tasks run on a prefect-dask ``DaskTaskRunner`` built from the config's ``parallel`` block, so one
 flow serves every backend; the block is read at run time, which lets deployments pass configs.

@@ -1,8 +1,10 @@
 """The import graph of espnet3_prefect (flows/ and tasks/ as espnet3_prefect.flows / .tasks), read from
 the source: every import statement counts, also those inside functions. Prints each module's
-imports of our own modules and any import cycle; exits 1 when there is a cycle.
+imports of our own modules and any import cycle; exits 1 when there is a cycle. ``--packages``
+prints the graph between packages instead (a top-level module such as ``entry`` is its own package;
+the root ``__init__`` is ``espnet3_prefect``), with how many module imports make each arrow.
 
-    .venv/bin/python scripts/import_graph.py [--dot]
+    .venv/bin/python scripts/import_graph.py [--dot] [--packages]
 """
 
 from __future__ import annotations
@@ -71,6 +73,26 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(name, path, set(mods)) for name, path in mods.items()}
 
 
+def package_of(module: str) -> str:
+    """The package a module belongs to: the first name under ``espnet3_prefect``.
+
+    >>> package_of("espnet3_prefect.pipeline.shard"), package_of("espnet3_prefect.entry"), package_of("espnet3_prefect")
+    ('pipeline', 'entry', 'espnet3_prefect')
+    """
+    return module.split(".")[1] if "." in module else module
+
+
+def package_graph(edges: dict[str, set[str]] | None = None) -> dict[str, dict[str, int]]:
+    """Package -> {package it imports: how many module imports make that arrow}; within a package, none."""
+    found: dict[str, dict[str, int]] = {}
+    for module, targets in (graph() if edges is None else edges).items():
+        arrows = found.setdefault(package_of(module), {})
+        for target in targets:
+            if package_of(target) != package_of(module):
+                arrows[package_of(target)] = arrows.get(package_of(target), 0) + 1
+    return found
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
     index, low, stack, on_stack, out = {}, {}, [], set(), []
@@ -105,6 +127,16 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def main() -> int:
     edges = graph()
+    if "--packages" in sys.argv:
+        packages = package_graph(edges)
+        for package, arrows in sorted(packages.items()):
+            print(f"{package:16} -> {', '.join(f'{t} ({n})' for t, n in sorted(arrows.items())) or '-'}")
+        found = cycles({p: set(a) for p, a in packages.items()})
+        for component in found:
+            print("package cycle:", " <-> ".join(component), file=sys.stderr)
+        arrows = sum(map(len, packages.values()))
+        print(f"{len(packages)} packages, {arrows} arrows, {len(found)} cycle(s)", file=sys.stderr)
+        return 1 if found else 0
     short = lambda m: m[len(PACKAGE) + 1 :] or PACKAGE  # noqa: E731
     if "--dot" in sys.argv:
         print("digraph imports {")

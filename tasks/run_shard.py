@@ -1,26 +1,18 @@
-"""Task ``run-shard``: one coarse shard of forward() calls, cached across flow runs."""
+"""Task ``run-shard``: one coarse shard of forward() calls. Submitted only for a shard whose done marker
+says it must run (:func:`espnet3_prefect.pipeline.resume.shards_to_redo`): the marker is the one record
+of a finished shard, so the task has no Prefect cache key and persists no result."""
 
 from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from espnet3_prefect.disk.marker import check_marker, read_marker
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.pipeline.env import get_env
-from espnet3_prefect.pipeline.marker import check_marker, read_marker
 from espnet3_prefect.pipeline.plan import Shard
 from espnet3_prefect.pipeline.report import quiet_console
 from espnet3_prefect.pipeline.shard import process_shard
 from espnet3_prefect.tasks.build_env import retry_if_it_can_help
-
-
-def shard_cache_key(context, parameters) -> str:
-    """Cache key: config+code fingerprint, test set and the shard's range (no run id).
-
-    So a re-run of the same stage hits the cache; any change in what the shard would compute
-    misses it. The flow trusts a hit only after checking the shard's done marker and files.
-    """
-    work, shard = parameters["work"], parameters["shard"]
-    return f"e3p-{work.fingerprint[:32]}-{work.test_set}-{shard['index']}-{shard['start']}-{shard['stop']}"
 
 
 def _worker_builder(work):
@@ -46,16 +38,14 @@ def _same_folder(work, env: dict) -> None:
 
 
 @task(
-    name="run-shard",
-    task_run_name="run-shard-{work.test_set}-{shard[index]}",
-    cache_key_fn=shard_cache_key,
-    persist_result=True,
-    retry_condition_fn=retry_if_it_can_help,
+    name="run-shard", task_run_name="run-shard-{work.test_set}-{shard[index]}", retry_condition_fn=retry_if_it_can_help
 )
-def run_shard(work, shard: dict, force: bool = False) -> dict:
+def run_shard(work, shard: dict) -> dict:
     """Run one shard and mark it done; return its summary (counts and seconds, never the data).
 
-    Unless ``force``, a shard whose done marker and files are intact is not recomputed.
+    The driver decided it runs, so an earlier run's marker is not trusted; one this very flow run wrote
+    is (Dask runs a finished task again when its result died with its worker, prefect#15442): then the
+    shard is not recomputed and the marker's record comes back with ``reused``.
     """
     from prefect.runtime import flow_run
 
@@ -64,10 +54,8 @@ def run_shard(work, shard: dict, force: bool = False) -> dict:
     shard_dir = work.layout.shard_dir(shard["index"])
     marker = read_marker(shard_dir)
     run_id = str(flow_run.id) if flow_run.id else None
-    # Forced shards distrust earlier runs' markers, but not one written by this very flow run:
-    # Dask re-runs a finished task whose result died with its worker (prefect#15442).
-    trusted = not force or (marker or {}).get("flow_run_id") == run_id
-    if trusted and marker and check_marker(shard_dir, work.marker_expectation(shard["start"], shard["stop"])) is None:
+    ours = run_id is not None and (marker or {}).get("flow_run_id") == run_id
+    if ours and check_marker(shard_dir, work.marker_expectation(shard["start"], shard["stop"])) is None:
         logger.info("%s: done marker intact, nothing to do", shard_dir.name)
         return {**marker, "reused": True}
     env = get_env(work.env_key, _worker_builder(work))

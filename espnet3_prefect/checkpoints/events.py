@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from espnet3_prefect._internal.atomic import atomic_write_text
+from espnet3_prefect.disk.layout import CHECKPOINT_STATE_NAME
 from espnet3_prefect.errors import Espnet3PrefectError
-from espnet3_prefect.pipeline.layout import CHECKPOINT_STATE_NAME
 
 EVENT_NAME = "espnet3.checkpoint.saved"
 RESOURCE_PREFIX = "espnet3.checkpoint."
@@ -208,46 +208,8 @@ def state_path(exp_dir: Path, state_file: str | Path | None = None) -> Path:
     return Path(state_file).expanduser().resolve() if state_file else Path(exp_dir).resolve() / STATE_FILE_NAME
 
 
-def checkpoint_saved(
-    path: str | Path,
-    *,
-    exp_dir: str | Path | None = None,
-    state_file: str | Path | None = None,
-    api_url: str | None = None,
-    latest: bool = False,
-) -> str | None:
-    """Tell the Prefect server a checkpoint is complete: one ``espnet3.checkpoint.saved`` event, sent and
-    confirmed, unless this content was already sent (a copy, a re-save): then nothing, and None.
-
-    Call it after the file is closed (e.g. from a Lightning ``CheckpointIO.save_checkpoint`` override).
-    ``exp_dir`` (default: the checkpoint's folder) keys the state file shared with
-    ``espnet3-prefect watch-checkpoints``; the server is ``api_url``, else ``$PREFECT_API_URL``, else
-    the one ``deploy-local`` left running for this project. ``latest``: a run still queued when a newer
-    checkpoint's run is queued behind it passes over (only the newest is evaluated). Returns the event id.
-    """
-    from espnet3_prefect.checkpoints.checkpoint import checkpoint_info
-    from espnet3_prefect.server.registry import find_api
-
-    info = checkpoint_info(path)
-    folder = Path(exp_dir).expanduser().resolve() if exp_dir else Path(info["path"]).parent
-    if api_url:
-        from espnet3_prefect.server.auth import ClientCredentials
-
-        creds = ClientCredentials(
-            api_url,
-            os.environ.get("PREFECT_API_AUTH_STRING") or None,
-            ssl_cert_file=os.environ.get("PREFECT_API_SSL_CERT_FILE") or None,
-        )
-    else:
-        creds = find_api(None)
-    with prefect_settings(creds), EmittedState(state_path(folder, state_file)) as state:
-        state.flush_pending()
-        sent = state.emit([info], folder, latest)
-    return sent[0]["id"] if sent else None
-
-
 def prefect_settings(creds):
-    """Prefect's settings pointed at the API ``creds`` (:class:`~espnet3_prefect.server.auth.ClientCredentials`)
+    """Prefect's settings pointed at the API ``creds`` (:class:`~espnet3_prefect.disk.client_file.ClientCredentials`)
     reach, with its auth and, for ``https://``, its certificate, for this process, for a ``with``."""
     from prefect.settings import (
         PREFECT_API_AUTH_STRING,

@@ -18,8 +18,8 @@ from typing import Any
 from espnet3_prefect._internal.atomic import atomic_open
 from espnet3_prefect._internal.png import COLOR_NAMES, line_chart
 from espnet3_prefect.checkpoints.checkpoint import order_field
+from espnet3_prefect.disk.layout import CHECKPOINT_PLOT_NAME
 from espnet3_prefect.metrics.history import series_keys
-from espnet3_prefect.pipeline.layout import CHECKPOINT_PLOT_NAME
 
 CHECKPOINT_PLOT_FILE = CHECKPOINT_PLOT_NAME
 

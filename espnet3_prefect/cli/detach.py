@@ -67,7 +67,7 @@ def run_detach(args: argparse.Namespace) -> int:
 
 def submit(creds, name: str, parameters: dict):
     """Create a flow run of deployment ``name`` on the API ``creds``
-    (:class:`~espnet3_prefect.server.auth.ClientCredentials`) reach; return it and whether its pool has a
+    (:class:`~espnet3_prefect.disk.client_file.ClientCredentials`) reach; return it and whether its pool has a
     worker online."""
     from prefect.exceptions import ObjectNotFound
 

@@ -50,7 +50,8 @@ def add_recipe_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run_recipe(args: argparse.Namespace) -> int:
-    from espnet3_prefect.launch import default_system, launch, system_from_path
+    from espnet3_prefect.config.recipe_configs import system_from_path
+    from espnet3_prefect.launch import default_system, launch
 
     system = system_from_path(args.system or default_system(Path(os.getcwd())))
     launch(system, argv=args.passed_through)

@@ -90,8 +90,8 @@ def run_infer(args: argparse.Namespace) -> int:
 
     def validate():
         from espnet3_prefect.config.load import load_config_input
-        from espnet3_prefect.config.precheck import check_inputs_before_start
         from espnet3_prefect.execution.spec import preflight
+        from espnet3_prefect.pipeline.precheck import check_inputs_before_start
         from espnet3_prefect.pipeline.resume import all_complete
         from espnet3_prefect.pipeline.stage import prepare_stages
 
@@ -174,7 +174,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     m_configs, m_overrides = split_args(args.metrics_config)
 
     def validate():
-        from espnet3_prefect.metrics.evaluation import plan_evaluation
+        from espnet3_prefect.checkpoints.evaluation import plan_evaluation
 
         plan_evaluation(i_configs, m_configs, i_overrides, m_overrides, args.checkpoint, args.checkpoint_key)
 

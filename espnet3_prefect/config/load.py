@@ -237,16 +237,3 @@ def _pop_dotted(data: dict, dotted: str) -> None:
             return
     if isinstance(node, dict):
         node.pop(leaf, None)
-
-
-def diff_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two plain dicts (for 'what changed' messages)."""
-    keys = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        name = f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            keys.extend(diff_keys(a, b, name + "."))
-        elif a != b:
-            keys.append(name)
-    return keys

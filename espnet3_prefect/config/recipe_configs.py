@@ -39,8 +39,6 @@ def template_package(config_file: str | Path, system: str | None = None) -> str 
             raise ConfigError(f'--system: {system} needs espnet3 installed (pip install "espnet[asr]==202611")')
         return None
     if system:
-        from espnet3_prefect.launch import system_from_path
-
         name = system_from_path(system).__module__.split(".")[-2]
     else:
         name = Path(config_file).resolve().parent.parent.name
@@ -133,3 +131,17 @@ def _espnet3_loader():
 
 
 __all__ = ["load_recipe_configs", "template_package"]
+
+
+def system_from_path(path: str) -> type:
+    """``--system``: a dotted ``module.Class`` path (the recipe folder is importable from the CLI)."""
+    module_name, _, name = path.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"--system: {path!r} is not a dotted path like espnet3.systems.esp2_asr.system.ASRSystem")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--system: cannot import {path!r}: {exc}") from None
+    if not isinstance(found, type):
+        raise ConfigError(f"--system: {path!r} is not a class")
+    return found

@@ -11,7 +11,6 @@ from typing import Any
 from omegaconf import DictConfig
 
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH, check_prefetch
 
 # runner keys that steer the orchestration: ours, never passed to the runner's constructor
 RUNNER_CONTROL_KEYS = (
@@ -28,6 +27,9 @@ DEFAULT_MAX_FAILED_RATIO = 0.05
 DEFAULT_MIN_FREE_MB = 100.0
 DEFAULT_RETRIES = 2
 DEFAULT_RETRY_DELAY_S = (2.0, 10.0)
+
+#: units (batches, or items when batch_size is null) read ahead of the one forward works on
+DEFAULT_PREFETCH = 2
 
 
 def runner_control(block: DictConfig) -> dict:
@@ -80,3 +82,18 @@ def runner_folder_options(runner: Any, key: str) -> tuple[bool, str]:
     if shard_subdir and (shard_subdir.startswith("/") or ".." in Path(shard_subdir).parts):
         raise ConfigError(f"{key}.shard_subdir: {shard_subdir!r} must be a relative folder inside the output dir")
     return resume, shard_subdir
+
+
+def check_prefetch(value: Any, key: str = "runner.prefetch") -> int:
+    """``runner.prefetch``: units read ahead; ``0``/``false`` off, ``true`` the default depth.
+
+    >>> check_prefetch(4), check_prefetch(False), check_prefetch(True), check_prefetch(None)
+    (4, 0, 2, 2)
+    """
+    if value is None or value is True:
+        return DEFAULT_PREFETCH
+    if value is False:
+        return 0
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise ConfigError(f"{key}: must be an integer >= 0 (batches read ahead of forward; 0 or false: off), got {value!r}")

@@ -1,9 +1,9 @@
-"""The kinds of the standalone inference contract (``text``, ``number``, ``audio``), their options
-and normalizers, and the check of one field declaration.
+"""The kinds a standalone contract field may declare (``text``, ``number``, ``audio``): each kind's
+options, value check and normalizers, and the check of one field declaration; ESPnet3 keeps its
+kinds apart from its contract the same way (``espnet3.contract.kinds``).
 
-Used by :mod:`espnet3_prefect.espnet3.contract_standalone` (``Field``, ``InferenceContract``); moved out of
-``contract.py``. ``espnet3_prefect.espnet3.contract`` re-exports :class:`ContractTypeError` and
-:data:`SUPPORTED_KINDS`.
+Used by :mod:`espnet3_prefect.espnet3.contract` (``Field``, ``InferenceContract``), which re-exports
+:class:`ContractTypeError` and :data:`SUPPORTED_KINDS`.
 """
 
 from __future__ import annotations

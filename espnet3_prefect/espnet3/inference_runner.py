@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from espnet3_prefect.config.targets import load_callable
+from espnet3_prefect.disk.concat import concat_files
 from espnet3_prefect.errors import BadInputError, ConfigError, named, one_line
 from espnet3_prefect.espnet3.artifacts import check_utt_id, materialize_output_value
 from espnet3_prefect.espnet3.contract import (
@@ -26,7 +27,6 @@ from espnet3_prefect.espnet3.contract import (
     validate_inference_outputs,
 )
 from espnet3_prefect.espnet3.runner import BaseRunner
-from espnet3_prefect.pipeline.merge import concat_files
 
 
 def key_list(keys: Any) -> list[str]:

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from espnet3_prefect.disk.layout import shard_dir_path
 from espnet3_prefect.espnet3.envcall import call_hook
-from espnet3_prefect.pipeline.layout import shard_dir_path
 
 _CALL_HANDLER: Callable[[Any, Iterable[int]], Any] | None = None
 

@@ -18,20 +18,95 @@ caching, asset events and results stay Prefect's own (``run_task_sync``/``run_ta
 
 ``tests/integration/test_task_runner_contract.py`` holds this runner to ``DaskTaskRunner``'s
 behaviour, with the API URL in the environment and only in the settings.
+
+This module is the one place that reads Prefect's private names (``SettingsContext.__var__``,
+``SyncClientContext``, ``serialize_context``, the task engine's ``run_task_sync``, an unbound
+``distributed.Client.submit``). It is version-gated: with a prefect or prefect-dask outside
+:data:`TESTED` (what those names were read against and the contract tests pass on), or without one of
+the names, :class:`ShardTaskRunner` submits as ``DaskTaskRunner`` does, with one warning, and keeps
+its other behaviour. Callers say which argument classes never hold a future with
+:func:`never_holds_futures`, instead of a marker attribute on the class.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
+import re
 import threading
 import uuid
 from collections.abc import Iterator
+from importlib import metadata
 from typing import Any
 
 from prefect.context import SettingsContext, SyncClientContext
 from prefect_dask import DaskTaskRunner
 from prefect_dask.task_runners import PrefectDaskFuture
+
+log = logging.getLogger("espnet3_prefect")
+
+# ----------------------------------------------------------------------------- the version gate
+
+#: distribution -> (lowest version, first version not covered): the releases whose private names the
+#: fast submit path was read against, as pyproject.toml pins them
+TESTED = {"prefect": ((3, 8, 8), (3, 10)), "prefect-dask": ((0, 3, 7), (0, 4))}
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string (pre-release and local parts dropped).
+
+    >>> release("3.9.1"), release("0.3.7.dev2"), release("3.10.0rc1")
+    ((3, 9, 1), (0, 3, 7), (3, 10, 0))
+    """
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0].split("rc")[0])[:3])
+
+
+def untested_versions(installed: dict[str, str]) -> list[str]:
+    """The ``name version`` of each installed distribution outside :data:`TESTED`.
+
+    >>> untested_versions({"prefect": "3.9.1", "prefect-dask": "0.3.7"})
+    []
+    >>> untested_versions({"prefect": "3.10.2", "prefect-dask": "0.3.7"})
+    ['prefect 3.10.2']
+    """
+    out = []
+    for name, (low, stop) in TESTED.items():
+        if not low <= release(installed[name]) < stop:
+            out.append(f"{name} {installed[name]}")
+    return out
+
+
+@functools.cache
+def fast_path_problem() -> str | None:
+    """Why the fast submit path is off here (None: it is on): an untested prefect or prefect-dask, or a
+    private name it reads that this Prefect lacks."""
+    untested = untested_versions({name: metadata.version(name) for name in TESTED})
+    if untested:
+        return f"{', '.join(untested)} is outside the tested range"
+    try:
+        from prefect.context import serialize_context  # noqa: F401
+        from prefect.task_engine import run_task_async, run_task_sync  # noqa: F401
+        from prefect.utilities.engine import collect_task_run_inputs_sync  # noqa: F401
+    except ImportError as exc:
+        return f"this Prefect lacks {exc.name or exc}"
+    if not hasattr(SettingsContext, "__var__") or not hasattr(SyncClientContext, "__var__"):
+        return "this Prefect's contexts have no __var__"
+    return None
+
+
+# ----------------------------------------------------------------------------- which arguments hold no future
+
+_NO_FUTURES: set[type] = set()
+
+
+def never_holds_futures(*classes: type) -> None:
+    """Register argument classes whose instances never hold a future (frozen, plain values): ``submit``
+    leaves such arguments out of Prefect's search for upstream futures, which walks every field of every
+    argument on every submit (~5-13 ms per shard task for a stage's work object)."""
+    _NO_FUTURES.update(classes)
+
 
 # ----------------------------------------------------------------------------- driver side
 
@@ -97,20 +172,15 @@ class Opaque:
         return Opaque, (self.value,)
 
 
-#: a class attribute set True on an argument's class whose instances never hold a future (frozen, plain
-#: values): ``submit`` leaves such arguments out of Prefect's search for upstream futures, which walks
-#: every field of every argument on every submit (~5-13 ms per shard task for a stage's work object)
-NO_FUTURES = "__e3p_no_futures__"
-
-
 def _searched(parameters: dict) -> dict:
-    """The arguments that may hold a future.
+    """The arguments that may hold a future (those of a class :func:`never_holds_futures` names do not).
 
-    >>> class Plain: __e3p_no_futures__ = True
+    >>> class Plain: pass
+    >>> never_holds_futures(Plain)
     >>> sorted(_searched({"a": Plain(), "b": [1]}))
     ['b']
     """
-    return {k: v for k, v in parameters.items() if not getattr(type(v), NO_FUTURES, False)}
+    return {k: v for k, v in parameters.items() if type(v) not in _NO_FUTURES}
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -229,6 +299,10 @@ class ShardTaskRunner(DaskTaskRunner):
 
     def submit(self, task, parameters, wait_for=None, dependencies=None, *, priority: int = 0):
         """Prefect's ``submit``; ``priority``: Dask's (higher first among the tasks waiting for a worker)."""
+        problem = fast_path_problem()
+        if problem is not None:  # another Prefect release: the stock submit (no priority: plan order)
+            _warn_once(problem)
+            return super().submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
         if not self._started:
             raise RuntimeError("The task runner must be started before submitting work.")
         from distributed import Client, Future
@@ -273,3 +347,8 @@ class ShardTaskRunner(DaskTaskRunner):
             task_run_id  # how Prefect finds upstream runs among Dask futures (asset lineage, task inputs)
         )
         return PrefectDaskFuture(wrapped_future=future, task_run_id=task_run_id)
+
+
+@functools.cache
+def _warn_once(problem: str) -> None:
+    log.warning("%s: tasks are submitted as prefect-dask's DaskTaskRunner does (~0.2 s more per task)", problem)

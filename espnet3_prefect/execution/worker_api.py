@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from espnet3_prefect._internal.util import CLIENT_FILE_VAR
-from espnet3_prefect.server.auth import CredentialFileError, load_client_environ
+from espnet3_prefect.disk.client_file import CredentialFileError, load_client_environ
 
 
 def _load() -> None:

@@ -18,7 +18,7 @@ DATASET_PREFIX = "dataset:"
 METRIC_KINDS = ("audio", "number", "segments", "text")
 
 try:  # one Field for the whole package once the contract library is there
-    from espnet3_prefect.espnet3.contract_standalone import Field  # type: ignore[attr-defined]
+    from espnet3_prefect.espnet3.contract import Field  # type: ignore[attr-defined]
 except ImportError:
 
     @dataclass(frozen=True)

@@ -30,9 +30,9 @@ import json
 from pathlib import Path
 
 from espnet3_prefect._internal.atomic import atomic_write_text, file_digest
+from espnet3_prefect.disk.layout import METRICS_RECORD_NAME
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.metrics.metric_plan import MetricSpec, MetricsPlan, metrics_json  # noqa: F401 - MetricSpec: the example above
-from espnet3_prefect.pipeline.layout import METRICS_RECORD_NAME
 from espnet3_prefect.pipeline.resume import all_complete
 from espnet3_prefect.pipeline.sizing import code_identity
 from espnet3_prefect.pipeline.stage import build_stages

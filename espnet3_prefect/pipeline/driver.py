@@ -4,6 +4,10 @@ build env -> plan shards -> drop shard folders beyond the plan, write the manife
 again (their done markers) -> run those shards (each marks itself done) -> merge -> summary (and, for
 the infer stage, the test set's ``.throughput.json``: :mod:`espnet3_prefect.pipeline.throughput`).
 
+The done marker is the one answer to "is this shard done?": a shard whose marker and files are intact
+is never handed to the executor (no task, no round trip); the driver counts it as cached, with the
+items its marker records as skipped.
+
 Where the steps run is an :class:`Executor`'s business: the flows' executor
 (:class:`espnet3_prefect.flows.dispatch.DaskExecutor`) submits Prefect tasks to the ``DaskTaskRunner``
 built from the ``parallel`` block; :class:`espnet3_prefect.pipeline.in_process.InProcessExecutor` runs
@@ -57,8 +61,9 @@ class Executor(Protocol):
         """Build the provider env wherever shards will run; returns at least ``{"workers": n}`` and, for
         a stage planned from its dataset, ``{"n_items": ..., "dataset_id": ...}``."""
 
-    def run_shards(self, stage: Stage, shards: list[Shard], redo: dict[int, bool]) -> ShardOutcome:
-        """Run the shards ``redo`` marks (each marks itself done); count the others as cached."""
+    def run_shards(self, stage: Stage, shards: list[Shard]) -> ShardOutcome:
+        """Run ``shards`` (each marks itself done): only those the done markers say must run; the driver
+        counts the others itself."""
 
     def merge(self, stage: Stage, shards: list[Shard], n_items: int) -> tuple[Any, dict[str, str]]:
         """The runner's ``merge`` over every shard folder: ``(what it returned, merged outputs by name)``."""
@@ -107,15 +112,17 @@ def drive_stage(
             )
     n_items = sum(s.n_items for s in shards)
     redo = _prepare_folder(stage, shards, log, remove_merged_outputs=executor.records_merge)
-    if any(redo.values()):
+    to_run = [s for s in shards if redo[s.index]]
+    if to_run:
         if built is None:
             built = executor.build_env(stage)
-        outcome = executor.run_shards(stage, shards, redo)
+        outcome = executor.run_shards(stage, to_run)
     else:
         log.info("%s: all %d shards done and verified: nothing to run", stage.test_set, len(shards))
-        outcome = ShardOutcome(
-            cached=len(shards), failed=skipped_items([stage.layout.shard_dir(s.index) for s in shards])
-        )
+        outcome = ShardOutcome()
+    done = [stage.layout.shard_dir(s.index) for s in shards if not redo[s.index]]
+    outcome.cached += len(done)
+    outcome.failed += skipped_items(done)
     merged, outputs = executor.merge(stage, shards, n_items)
     if built is not None:
         executor.forget_env(stage)

@@ -42,14 +42,11 @@ class InProcessExecutor:
         self.env = env
         return {"workers": 1}
 
-    def run_shards(self, stage: Stage, shards: list[Shard], redo: dict[int, bool]) -> ShardOutcome:
+    def run_shards(self, stage: Stage, shards: list[Shard]) -> ShardOutcome:
         work = stage.work
         outcome = ShardOutcome(timing=empty_timing())
         started = time.perf_counter()
         for shard in shards:
-            if not redo[shard.index]:
-                outcome.cached += 1
-                continue
             result = process_shard(
                 work.runner_cls,
                 shard,

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from espnet3_prefect._internal.proc import running
+from espnet3_prefect.disk.layout import RUN_LOCK_NAME as LOCK_NAME
 from espnet3_prefect.errors import Espnet3PrefectError, named
-from espnet3_prefect.pipeline.layout import RUN_LOCK_NAME as LOCK_NAME
 
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 120.0

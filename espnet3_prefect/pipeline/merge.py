@@ -3,58 +3,24 @@ is done and too few items were skipped); we record what it wrote.
 
 Which files a merge produced is found by comparing the output folder before and after it (a
 recipe's ``merge`` may return None, True, a dict or anything), and recorded with their checksums in
-``.merged.json``, the commit record of a finished test set. :func:`concat_files` is the streamed,
-atomic concatenation our own runners use.
+``.merged.json``, the commit record of a finished test set. The streamed, atomic
+concatenation our own runners use is :func:`espnet3_prefect.disk.concat.concat_files`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from espnet3_prefect._internal.atomic import atomic_open, atomic_write_text, file_digest
+from espnet3_prefect._internal.atomic import atomic_write_text, file_digest
+from espnet3_prefect.disk.concat import concat_files
+from espnet3_prefect.disk.layout import DONE_NAME, FAILURES_NAME, MANIFEST_NAME, StageLayout, shard_index
+from espnet3_prefect.disk.marker import read_marker
 from espnet3_prefect.errors import Espnet3PrefectError
-from espnet3_prefect.pipeline.layout import DONE_NAME, FAILURES_NAME, MANIFEST_NAME, StageLayout, shard_index
-from espnet3_prefect.pipeline.marker import read_marker
-
-
-def concat_files(parts: Sequence[Path], dest: Path) -> Path:
-    """Write the bytes of ``parts``, in order, to ``dest`` (streamed, atomic).
-
-    >>> import tempfile; d = Path(tempfile.mkdtemp())
-    >>> _ = (d / "a").write_text("1\\n"); _ = (d / "b").write_text("2\\n")
-    >>> concat_files([d / "a", d / "b"], d / "ab").read_text()
-    '1\\n2\\n'
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(dest, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as handle:
-                _copy(handle, out)
-    return dest
-
-
-def _copy(src, dst) -> None:
-    """Copy in the kernel where the platform can (as ``cat`` does), else through a buffer."""
-    copy_range = getattr(os, "copy_file_range", None)
-    if copy_range is not None:
-        dst.flush()
-        copied = 0
-        try:
-            while n := copy_range(src.fileno(), dst.fileno(), 1 << 30):
-                copied += n
-            return
-        except OSError:
-            if copied:  # never fall back after a partial copy: that would duplicate bytes
-                raise
-            dst.seek(0, os.SEEK_END)  # unsupported here (old kernel, odd filesystem): buffer copy
-    shutil.copyfileobj(src, dst, 1 << 20)
-
 
 _NOT_OUTPUTS = (MANIFEST_NAME, FAILURES_NAME)
 

@@ -33,31 +33,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-#: units (batches, or items when batch_size is null) read ahead of the one forward works on
-DEFAULT_PREFETCH = 2
 #: units after which a shard that waited longer than its reads took reads in place (:meth:`Prefetcher.advance`)
 WORTH_IT_AFTER_UNITS = 16
 
 _ACTIVE: dict[int, Prefetcher] = {}  # id(view) -> its prefetcher, while its shard runs
 _VIEW_TYPES: dict[type, type | None] = {}
 _VIEW_TYPES_LOCK = threading.Lock()
-
-
-def check_prefetch(value: Any, key: str = "runner.prefetch") -> int:
-    """``runner.prefetch``: units read ahead; ``0``/``false`` off, ``true`` the default depth.
-
-    >>> check_prefetch(4), check_prefetch(False), check_prefetch(True), check_prefetch(None)
-    (4, 0, 2, 2)
-    """
-    from espnet3_prefect.errors import ConfigError
-
-    if value is None or value is True:
-        return DEFAULT_PREFETCH
-    if value is False:
-        return 0
-    if isinstance(value, int) and value >= 0:
-        return value
-    raise ConfigError(f"{key}: must be an integer >= 0 (batches read ahead of forward; 0 or false: off), got {value!r}")
 
 
 class Timing:

@@ -13,9 +13,9 @@ import shutil
 import time
 from collections.abc import Callable
 
+from espnet3_prefect.disk.layout import StageLayout
+from espnet3_prefect.disk.marker import check_marker
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.pipeline.layout import StageLayout
-from espnet3_prefect.pipeline.marker import check_marker
 from espnet3_prefect.pipeline.merge import merged_outputs_intact, read_merged_record
 from espnet3_prefect.pipeline.plan import Shard, default_num_shards, duration_shard_count, plan_shards
 from espnet3_prefect.pipeline.sizing import Sizing, no_lengths

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from espnet3_prefect.disk.layout import StageLayout
 from espnet3_prefect.espnet3.envcall import call_hook
-from espnet3_prefect.pipeline.layout import StageLayout
 
 
 class RunnerHooks:

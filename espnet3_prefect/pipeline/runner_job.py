@@ -40,11 +40,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from espnet3_prefect.config.load import fingerprint, identity_config
 from espnet3_prefect.config.runner_keys import check_batch_size, runner_control, runner_folder_options
+from espnet3_prefect.disk.layout import RunnerLayout
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.process_parallel import plain_parallel
 from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.pipeline.env import EnvBuilder
-from espnet3_prefect.pipeline.layout import RunnerLayout
 from espnet3_prefect.pipeline.plan import Shard, default_num_shards, plan_shards
 from espnet3_prefect.pipeline.sizing import code_identity
 from espnet3_prefect.pipeline.stage import Stage, StageWork, worker_setup

@@ -29,6 +29,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from espnet3_prefect.config.runner_keys import DEFAULT_PREFETCH
+from espnet3_prefect.disk.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
+from espnet3_prefect.disk.marker import remove_marker, write_marker
 from espnet3_prefect.errors import (
     ConfigError,
     DiskFullError,
@@ -43,13 +46,11 @@ from espnet3_prefect.espnet3.envcall import accepts, call_with_env
 from espnet3_prefect.execution.backends import current_job_id
 from espnet3_prefect.pipeline.duration import InOrder, padding
 from espnet3_prefect.pipeline.gpu_busy import GpuBusy
-from espnet3_prefect.pipeline.layout import FAILURES_NAME, SHARD_LOCK_NAME, StageLayout
 from espnet3_prefect.pipeline.lengths import SECONDS, shard_seconds
 from espnet3_prefect.pipeline.lock import release_shard_lock, take_shard_lock
-from espnet3_prefect.pipeline.marker import remove_marker, write_marker
 from espnet3_prefect.pipeline.oom import Halving, halves, is_out_of_memory
 from espnet3_prefect.pipeline.plan import Shard, Unit
-from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH, Prefetcher, Timing, make_view
+from espnet3_prefect.pipeline.prefetch import Prefetcher, Timing, make_view
 from espnet3_prefect.pipeline.runner_hooks import RunnerHooks, close_quietly
 
 
@@ -138,6 +139,7 @@ def _process_shard(
             "failed": len(failures),
             "seconds": seconds,
             "host": socket.gethostname(),
+            "job_id": current_job_id(),  # the batch job it ran in (None outside one)
         }
         timing.write_s += time.perf_counter() - committing
         marking = time.perf_counter()

@@ -25,6 +25,7 @@ from espnet3_prefect.config.load import fingerprint, for_test_set, identity_conf
 from espnet3_prefect.config.runner_keys import (
     DEFAULT_MAX_FAILED_RATIO,
     DEFAULT_MIN_FREE_MB,
+    DEFAULT_PREFETCH,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_DELAY_S,
     RUNNER_CONTROL_KEYS,
@@ -33,13 +34,12 @@ from espnet3_prefect.config.runner_keys import (
     runner_folder_options,
 )
 from espnet3_prefect.config.targets import instantiate, load_callable, locate
+from espnet3_prefect.disk.layout import StageLayout
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec
 from espnet3_prefect.pipeline.duration import check_max_duration
 from espnet3_prefect.pipeline.env import EnvBuilder
-from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.plan import MAX_SHARD_TASKS_PER_FLOW
-from espnet3_prefect.pipeline.prefetch import DEFAULT_PREFETCH
 from espnet3_prefect.pipeline.provider_params import load_contract, stage_params
 from espnet3_prefect.pipeline.sizing import code_identity
 
@@ -47,10 +47,9 @@ from espnet3_prefect.pipeline.sizing import code_identity
 @dataclass(frozen=True)
 class StageWork:
     """What a shard task needs: small, picklable, no runner instance and no model. Frozen and made
-    of plain values, so it never holds a future: the task runner does not search it for one
-    (:data:`~espnet3_prefect.execution.task_runner.NO_FUTURES`)."""
+    of plain values, so it never holds a future: the flows' executor registers it as such with the task
+    runner (:func:`espnet3_prefect.execution.task_runner.never_holds_futures`)."""
 
-    __e3p_no_futures__ = True
     test_set: str
     layout: StageLayout
     runner_cls: type

@@ -77,8 +77,8 @@ def drain(
 def drain_server(home: str, api_url: str, cafile: str | None = None, limit_s: float = 60.0) -> bool:
     """:func:`drain` for the server whose state dir is ``home`` (its client file's credential when it
     asks for one). Never raises: a server that cannot be asked is stopped as it is."""
+    from espnet3_prefect.disk.client_file import client_file, read_client_file
     from espnet3_prefect.errors import Espnet3PrefectError
-    from espnet3_prefect.server.auth import client_file, read_client_file
 
     auth_string = None
     if client_file(home).exists():

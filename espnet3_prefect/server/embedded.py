@@ -228,7 +228,8 @@ def start_recorded(
     that stops it once the process ``guard_parent`` has died, see :func:`start_server`), write its 0600
     client file (when ``auth`` or ``tls``) and record it in ``home/server.json``; return that record.
     ``database``: a PostgreSQL to keep the runs in (:mod:`~espnet3_prefect.server.postgres`), else SQLite."""
-    from espnet3_prefect.server.auth import ClientCredentials, client_file, new_auth_string, write_client_file
+    from espnet3_prefect.disk.client_file import ClientCredentials, client_file, write_client_file
+    from espnet3_prefect.server.auth import new_auth_string
     from espnet3_prefect.server.https import ServerTLS
 
     auth_string = new_auth_string() if auth else None

@@ -301,7 +301,7 @@ def running_server(home: Path) -> dict | None:
 def forget_server(home: Path, pid: int, api_url: str) -> None:
     """After the server ``pid`` of ``home`` stopped: its record, its client file (the credential is
     worth nothing now; no stale secret left on disk) and its certificate folder go."""
-    from espnet3_prefect.server.auth import client_file
+    from espnet3_prefect.disk.client_file import client_file
     from espnet3_prefect.server.https import ServerTLS
 
     record, client = read_json(home / "server.json"), read_json(client_file(home))

@@ -240,10 +240,11 @@ def format_servers(servers: list[ServerRecord]) -> str:
 
 
 def find_api(state: str | None):
-    """The :class:`~espnet3_prefect.server.auth.ClientCredentials` to talk to: ``$PREFECT_API_URL`` (with
+    """The :class:`~espnet3_prefect.disk.client_file.ClientCredentials` to talk to: ``$PREFECT_API_URL`` (with
     ``$PREFECT_API_AUTH_STRING`` and ``$PREFECT_API_SSL_CERT_FILE``), else the server ``deploy-local``
     (or ``--keep-server``) left running (with its client file's credential and certificate when it has them)."""
-    from espnet3_prefect.server.auth import ClientCredentials, server_client
+    from espnet3_prefect.disk.client_file import ClientCredentials
+    from espnet3_prefect.server.auth import server_client
     from espnet3_prefect.server.process import running_server
     from espnet3_prefect.server.state_home import state_dir
 

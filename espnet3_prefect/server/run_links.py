@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from espnet3_prefect.pipeline.layout import DONE_NAME
-from espnet3_prefect.pipeline.marker import read_marker
+from espnet3_prefect.disk.layout import DONE_NAME
+from espnet3_prefect.disk.marker import read_marker
 
 
 class RunLink(NamedTuple):

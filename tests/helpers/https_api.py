@@ -63,7 +63,7 @@ def key_lines(key_file) -> list[str]:
 
 
 if __name__ == "__main__":
-    from espnet3_prefect.server.auth import read_client_file
+    from espnet3_prefect.disk.client_file import read_client_file
 
     creds = read_client_file(sys.argv[1])
     print(json.dumps(probe(creds.api_url, creds.auth_string, creds.ssl_cert_file)))

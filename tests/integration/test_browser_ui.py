@@ -129,7 +129,7 @@ def spki_pin(cert_file: Path) -> str:
 def test_the_ui_over_https_beyond_loopback_shows_the_run_in_chromium(tmp_path, chromium, kept_servers, request):
     """``--server-host`` (HTTPS, basic auth): the flow-run link is https://, Chromium refuses the page until it
     trusts this server start's key (pinned, nothing else accepted), then the UI logs in and shows the run."""
-    from espnet3_prefect.server.auth import client_file, read_client_file
+    from espnet3_prefect.disk.client_file import client_file, read_client_file
     from tests.integration.test_security_api import non_loopback_address
 
     address = non_loopback_address()

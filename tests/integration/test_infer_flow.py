@@ -17,11 +17,11 @@ from tests.helpers.toy import read_lines
 pytestmark = pytest.mark.slow
 
 
-def run_infer(tmp_path, cfg: dict, overrides=(), name="inference.yaml"):
+def run_infer(tmp_path, cfg: dict, overrides=(), name="inference.yaml", **options):
     from espnet3_prefect.flows.infer import infer
 
     path = write_yaml(tmp_path / name, cfg)
-    return infer(config=[str(path)], overrides=list(overrides))
+    return infer(config=[str(path)], overrides=list(overrides), **options)
 
 
 def forward_calls(tmp_path) -> list[tuple[int, int]]:
@@ -55,10 +55,23 @@ def test_resume_runs_nothing_and_a_deleted_marker_reruns_only_its_shard(prefect_
     assert forward_calls(tmp_path) == []  # zero forward() calls on a finished stage
 
     (tmp_path / "inference/test_a/split.2/done").unlink()
-    [third] = run_infer(tmp_path, cfg)
+    state = run_infer(tmp_path, cfg, return_state=True)
+    [third] = state.result()
     assert third["shards_run"] == 1 and third["shards_cached"] == 3
     assert sorted(i for _, i in forward_calls(tmp_path)) == list(range(10, 15))  # shard 2 = [10, 15)
     assert (tmp_path / "inference/test_a/y.scp").read_bytes() == merged
+    # the done markers are the one truth: the finished shards were never submitted, no result cache kept
+    assert shard_task_runs(state.state_details.flow_run_id) == ["run-shard-test_a-2"]
+    assert not (tmp_path / "inference/.prefect-cache").exists()
+
+
+def shard_task_runs(flow_run_id) -> list[str]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return sorted(r.name for r in runs if r.name.startswith("run-shard-"))
 
 
 def test_resume_false_reruns_every_shard(prefect_server, tmp_path):

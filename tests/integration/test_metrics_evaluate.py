@@ -256,7 +256,7 @@ def test_evaluate_rejects_a_different_inference_dir_before_running(prefect_serve
 def test_evaluate_scores_test_sets_in_upstream_measure_order(tmp_path):
     """ESPnet3's measure() with no dataset.test in the metrics config scores the inference folders
     sorted by name; evaluate fills dataset.test in that order, not the inference config's."""
-    from espnet3_prefect.metrics.evaluation import plan_evaluation
+    from espnet3_prefect.checkpoints.evaluation import plan_evaluation
 
     (tmp_path / "model.ckpt").write_text("0\n")
     cfg = word_config(tmp_path)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect.pipeline.layout import METRICS_RECORD_NAME
+from espnet3_prefect.disk.layout import METRICS_RECORD_NAME
 from tests.conftest import ROOT, write_yaml
 from tests.helpers.metrics_recipes import build_inference_dir, write_dataset_hyps, write_scp
 

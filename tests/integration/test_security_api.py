@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_prefect.server.auth import client_file, read_client_file
+from espnet3_prefect.disk.client_file import client_file, read_client_file
 from espnet3_prefect.server.host import resolve_host
 from tests.conftest import ROOT, toy_config, write_yaml
 from tests.helpers.https_api import assert_only_both_get_in, key_lines, probe

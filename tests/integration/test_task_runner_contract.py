@@ -130,6 +130,31 @@ def test_a_flow_of_dependent_tasks_completes_with_their_results(runner):
     assert recorded(state.state_details.flow_run_id, expected) == expected
 
 
+def test_outside_the_tested_versions_the_shard_runner_submits_the_stock_way(api, monkeypatch, caplog):
+    """The version gate: where the private names it reads may differ (another prefect or prefect-dask,
+    forced here), ShardTaskRunner submits as DaskTaskRunner does, says so once, and the flow's tasks
+    still reach the API in both modes."""
+    from espnet3_prefect.execution import task_runner
+
+    problem = f"prefect 9.9 is outside the tested range ({api[0]})"  # one warning per problem and process
+    monkeypatch.setattr(task_runner, "fast_path_problem", lambda: problem)
+
+    @task
+    def double(x):
+        return 2 * x
+
+    @flow(task_runner=ShardTaskRunner(address=api[1]))
+    def gated():
+        return [f.result() for f in double.map([1, 2])]
+
+    with caplog.at_level("WARNING", logger="espnet3_prefect"):
+        state = gated(return_state=True)
+    assert state.result() == [2, 4]
+    assert problem in caplog.text
+    expected = [("double", "Completed"), ("double", "Completed")]
+    assert recorded(state.state_details.flow_run_id, expected) == expected
+
+
 def test_failures_reach_downstream_tasks_as_not_ready(runner):
     @task
     def broken():

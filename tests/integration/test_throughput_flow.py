@@ -53,7 +53,7 @@ def test_rtfx_on_every_run_and_header_lengths_cut_batches_only_with_the_key(pref
     plain_dir, keyed_dir = tmp_path / "plain", tmp_path / "keyed"
     plain = _run(plain_dir, _config(plain_dir, fsdd_dir))
     assert plain["lengths"] == {"source": "audio headers (read by each shard)", "unit": "s"}
-    assert not (plain_dir / "inf/.prefect-cache/lengths").exists()  # without the key: nothing on the driver
+    assert not (plain_dir / "inf/.lengths-cache").exists()  # without the key: nothing on the driver
     data = json.loads((plain_dir / "inf/fsdd/.throughput.json").read_text())
     assert data["test_set"] == "fsdd" and data["items_run"] == 40 and data["max_duration"] is None
     assert np.isclose(data["audio_s"], seconds, atol=1e-3) and data["rtfx"] > 0 and data["items_per_s"] > 0

@@ -13,9 +13,9 @@ import threading
 import pytest
 
 from espnet3_prefect._internal.util import CLIENT_FILE_VAR
+from espnet3_prefect.disk.client_file import ClientCredentials, CredentialFileError, read_client_file, write_client_file
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.backends.base import exported_environment
-from espnet3_prefect.server.auth import ClientCredentials, CredentialFileError, read_client_file, write_client_file
 from espnet3_prefect.server.host import tls_required
 from espnet3_prefect.server.https import ServerTLS, certificate_names
 from tests.conftest import toy_config, write_yaml

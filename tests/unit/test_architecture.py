@@ -24,6 +24,63 @@ def test_no_import_cycle():
     assert import_graph.cycles(edges()) == []
 
 
+# The house, ground floor first (docs/architecture.md draws the same): a package imports only packages on
+# the floors below its own; on one floor only the front doors reach each other (launch -> entry). The
+# server is a plug built on the ground floor that only the front doors reach, hence its floor under them.
+FLOORS = (
+    ("errors",),
+    ("_internal", "main_guard"),
+    ("disk",),  # the on-disk vocabulary and the client file
+    ("config",),
+    ("espnet3",),  # ESPnet3's classes: nothing of the orchestration
+    ("execution",),
+    ("pipeline",),
+    ("metrics",),
+    ("checkpoints",),
+    ("tasks",),
+    ("flows",),
+    ("server",),  # the plug
+    ("entry", "launch", "cli", P),  # the front doors
+)
+FLOOR = {package: level for level, floor in enumerate(FLOORS) for package in floor}
+
+
+def arrows_up(packages: dict[str, dict[str, int]]) -> list[str]:
+    """The package arrows that do not run down the house (up, or across a floor but the front doors')."""
+    top = len(FLOORS) - 1
+    return sorted(
+        f"{source} -> {target}"
+        for source, arrows in packages.items()
+        for target in arrows
+        if FLOOR[target] > FLOOR[source] or (FLOOR[target] == FLOOR[source] and FLOOR[source] != top)
+    )
+
+
+def test_every_package_has_a_floor():
+    assert set(import_graph.package_graph(edges())) == set(FLOOR)
+
+
+def test_every_package_folder_is_installed():
+    """A new package must be in pyproject.toml's list, or a wheel installs without it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {name for name, path in import_graph.modules().items() if path.name == "__init__.py"}
+    assert folders <= listed, sorted(folders - listed)
+
+
+def test_packages_depend_one_way_down_the_house():
+    packages = import_graph.package_graph(edges())
+    assert import_graph.cycles({p: set(a) for p, a in packages.items()}) == []
+    assert arrows_up(packages) == []
+
+
+def test_arrows_up_are_found():
+    """The check sees a knot: the config layer reaching the pipeline, the server reached from a flow."""
+    knot = {"config": {"pipeline": 2}, "flows": {"server": 1}, "launch": {"entry": 1}, "disk": {"errors": 1}}
+    assert arrows_up(knot) == ["config -> pipeline", "flows -> server"]
+
+
 def test_imports_go_down_the_layers():
     graph = edges()
     for module, targets in graph.items():
@@ -54,15 +111,16 @@ def test_the_pipeline_never_imports_prefect_flows_or_tasks():
             assert not above, f"{module} imports {above}"
 
 
-# Each step of the data path, the module named after it and what a reader finds there first.
+# Each step of the data path, the module named after it and what a reader finds there first (the done
+# marker is on-disk vocabulary: the ground floor's).
 DATA_PATH = {
-    "plan": "plan_shards",
-    "env": "EnvPlugin",
-    "shard": "process_shard",
-    "marker": "write_marker",
-    "merge": "merge_stage",
-    "summary": "StageSummary",
-    "driver": "drive_stage",
+    "pipeline.plan": "plan_shards",
+    "pipeline.env": "EnvPlugin",
+    "pipeline.shard": "process_shard",
+    "disk.marker": "write_marker",
+    "pipeline.merge": "merge_stage",
+    "pipeline.summary": "StageSummary",
+    "pipeline.driver": "drive_stage",
 }
 
 
@@ -70,7 +128,7 @@ def test_each_data_path_step_lives_in_the_module_named_after_it():
     import importlib
 
     for step, name in DATA_PATH.items():
-        module = importlib.import_module(f"{P}.pipeline.{step}")
+        module = importlib.import_module(f"{P}.{step}")
         assert getattr(module, name).__module__ == module.__name__, (step, name)
 
 

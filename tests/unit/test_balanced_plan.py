@@ -8,7 +8,7 @@ import random
 import pytest
 
 from espnet3_prefect import BadInputError, load_config
-from espnet3_prefect.pipeline.layout import StageLayout
+from espnet3_prefect.disk.layout import StageLayout
 from espnet3_prefect.pipeline.plan import default_num_shards, plan_shards
 from espnet3_prefect.pipeline.resume import plan_for
 from espnet3_prefect.pipeline.shard import process_shard
@@ -142,7 +142,7 @@ def test_lengths_join_the_stage_identity_and_plan_on_the_driver(tmp_path):
 
 
 def test_outputs_are_identical_with_balanced_and_equal_shards(tmp_path):
-    from espnet3_prefect.pipeline.merge import concat_files
+    from espnet3_prefect.disk.concat import concat_files
 
     lengths = sorted(lognormal(30))
     stage = _stage(tmp_path, lengths, batch_size=2)

@@ -165,7 +165,7 @@ def test_events_reach_a_server_that_asks_for_basic_auth_over_https(tmp_path):
     from prefect.events.filters import EventFilter, EventNameFilter
 
     from espnet3_prefect.checkpoints.events import EVENT_NAME, EmittedState, prefect_settings
-    from espnet3_prefect.server.auth import ClientCredentials
+    from espnet3_prefect.disk.client_file import ClientCredentials
     from espnet3_prefect.server.https import ServerTLS
     from espnet3_prefect.server.process import start_server, stop_server
 

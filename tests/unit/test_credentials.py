@@ -12,19 +12,19 @@ import sys
 import pytest
 
 from espnet3_prefect._internal.util import CLIENT_FILE_PRELOAD, CLIENT_FILE_VAR
+from espnet3_prefect.disk.client_file import (
+    ClientCredentials,
+    CredentialFileError,
+    load_client_environ,
+    read_client_file,
+    write_client_file,
+)
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.backends import cluster_kwargs
 from espnet3_prefect.execution.backends.base import exported_environment
 from espnet3_prefect.execution.backends.preview import render_job_script
 from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.server.auth import (
-    ClientCredentials,
-    CredentialFileError,
-    load_client_environ,
-    new_auth_string,
-    read_client_file,
-    write_client_file,
-)
+from espnet3_prefect.server.auth import new_auth_string
 from espnet3_prefect.server.host import auth_required, resolve_host
 
 SECRET = "espnet3:unit-test-secret-0123456789"

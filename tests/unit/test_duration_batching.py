@@ -10,8 +10,8 @@ import pytest
 
 from espnet3_prefect import ConfigError
 from espnet3_prefect.config.load import load_config
+from espnet3_prefect.disk.layout import StageLayout
 from espnet3_prefect.pipeline.duration import InOrder, check_max_duration, duration_batches, padding
-from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.plan import Shard, plan_shards
 from espnet3_prefect.pipeline.resume import plan_for
 from espnet3_prefect.pipeline.shard import drive, process_shard

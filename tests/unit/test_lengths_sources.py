@@ -149,7 +149,7 @@ def test_header_lengths_are_the_decoded_durations_without_decoding(wavs, tmp_pat
 
 def test_header_lengths_are_cached_and_read_again_when_the_data_changes(wavs, tmp_path, monkeypatch):
     paths, decoded = wavs
-    cache = tmp_path / "inference/.prefect-cache/lengths/t.npz"
+    cache = tmp_path / "inference/.lengths-cache/t.npz"
     first = header_lengths([str(p) for p in paths], cache)
     assert cache.is_file() and np.allclose(first, decoded)
 
@@ -221,7 +221,7 @@ def _stages(tmp_path, root, *overrides, limit=12):
 
 
 def test_without_max_duration_the_driver_reads_nothing_and_each_shard_reads_its_own_headers(wavs, tmp_path):
-    from espnet3_prefect.pipeline.layout import StageLayout
+    from espnet3_prefect.disk.layout import StageLayout
     from espnet3_prefect.pipeline.plan import Shard
     from espnet3_prefect.pipeline.shard import process_shard
     from tests.helpers.fsdd import FsddDataset

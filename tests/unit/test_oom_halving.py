@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from espnet3_prefect.disk.layout import StageLayout  # noqa: E402
 from espnet3_prefect.errors import ItemError  # noqa: E402
-from espnet3_prefect.pipeline.layout import StageLayout  # noqa: E402
 from espnet3_prefect.pipeline.oom import halves, is_out_of_memory  # noqa: E402
 from espnet3_prefect.pipeline.plan import plan_shards  # noqa: E402
 from espnet3_prefect.pipeline.shard import process_shard  # noqa: E402

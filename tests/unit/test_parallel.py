@@ -171,3 +171,12 @@ def test_local_gpu_workers_get_our_preload_and_env_under_their_own_gpu(monkeypat
     assert first["CUDA_VISIBLE_DEVICES"] == "1,0" and first["E3P_T_USER"] == "1" and first["E3P_T_DRIVER"] == "d"
     assert {"CUDA_VISIBLE_DEVICES", "E3P_T_DRIVER", "E3P_T_USER"} <= set(first[KEYS_VAR].split(","))
     assert "CUDA_VISIBLE_DEVICES" not in second and "CUDA_VISIBLE_DEVICES" not in second[KEYS_VAR].split(",")
+
+
+def test_the_task_runners_fast_path_is_on_for_the_installed_prefect_and_gated_outside_the_tested_range():
+    from espnet3_prefect.execution.task_runner import TESTED, fast_path_problem, untested_versions
+
+    assert fast_path_problem() is None  # pyproject.toml's pins are the tested range
+    assert untested_versions({"prefect": "3.8.8", "prefect-dask": "0.3.7"}) == []
+    assert untested_versions({"prefect": "3.8.7", "prefect-dask": "0.4.0"}) == ["prefect 3.8.7", "prefect-dask 0.4.0"]
+    assert set(TESTED) == {"prefect", "prefect-dask"}

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from espnet3_prefect import BadInputError, BaseRunner, ConfigError, InferenceRunner
+from espnet3_prefect.disk.marker import check_marker, shard_files, write_marker
 from espnet3_prefect.espnet3.envcall import call_with_env
 from espnet3_prefect.espnet3.inference_runner import _utt_id
-from espnet3_prefect.pipeline.marker import check_marker, shard_files, write_marker
 from espnet3_prefect.pipeline.plan import default_num_shards, plan_shards
 from espnet3_prefect.pipeline.shard import drive
 

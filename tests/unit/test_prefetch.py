@@ -9,10 +9,11 @@ import time
 import pytest
 
 from espnet3_prefect import ConfigError, InferenceRunner, ItemError
-from espnet3_prefect.pipeline.layout import StageLayout
-from espnet3_prefect.pipeline.marker import read_marker
+from espnet3_prefect.config.runner_keys import check_prefetch
+from espnet3_prefect.disk.layout import StageLayout
+from espnet3_prefect.disk.marker import read_marker
 from espnet3_prefect.pipeline.plan import plan_shards
-from espnet3_prefect.pipeline.prefetch import Timing, check_prefetch, make_view
+from espnet3_prefect.pipeline.prefetch import Timing, make_view
 from espnet3_prefect.pipeline.shard import drive, process_shard
 
 

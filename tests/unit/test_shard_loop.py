@@ -11,10 +11,10 @@ import time
 import pytest
 
 from espnet3_prefect import BaseRunner, ConfigError, InferenceRunner, ItemError
+from espnet3_prefect.disk.layout import StageLayout
+from espnet3_prefect.disk.marker import check_marker, read_marker
 from espnet3_prefect.errors import is_retryable
-from espnet3_prefect.pipeline.layout import StageLayout
 from espnet3_prefect.pipeline.lock import LockedError, take_shard_lock
-from espnet3_prefect.pipeline.marker import check_marker, read_marker
 from espnet3_prefect.pipeline.plan import Shard, plan_shards
 from espnet3_prefect.pipeline.shard import drive, process_shard
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from espnet3_prefect.config.precheck import check_inputs_before_start
 from espnet3_prefect.config.vocoder import F5TTS_INFERENCE, check_vocoder, hub_unreachable
 from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.pipeline.precheck import check_inputs_before_start
 
 
 def f5(**model):

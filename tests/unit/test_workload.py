@@ -81,7 +81,40 @@ def test_job_plans_explicit_lists_per_shard_and_a_range_as_plain_ranges(tmp_path
     assert [list(s.units()) for s in job.shards] == [[[8, 1], [1, 3]], [[9]]]
     job = prepare_job(runner, range(70), None)
     assert len(job.shards) == 32 and all(s.indices is None for s in job.shards)  # default plan, as infer's
-    assert job.stage.work.test_set == "SquareRunner" and job.stage.layout.cache_dir == tmp_path / ".prefect-cache"
+    assert job.stage.work.test_set == "SquareRunner" and job.stage.layout.run_lock_dir == tmp_path
+
+
+def test_the_driver_hands_the_executor_only_the_shards_its_done_markers_say_must_run(tmp_path):
+    """The done marker is the one answer: a finished shard is never handed to the executor (no task, no
+    round trip); the driver counts it as cached, with the items its marker records as skipped."""
+    from espnet3_prefect.pipeline.driver import drive_stage
+    from espnet3_prefect.pipeline.in_process import InProcessExecutor
+
+    class Recording(InProcessExecutor):
+        def __init__(self, runner):
+            super().__init__(runner)
+            self.handed: list[int] = []
+
+        def run_shards(self, stage, shards):
+            self.handed += [s.index for s in shards]
+            return super().run_shards(stage, shards)
+
+    runner = SquareRunner(LogProvider({}), 2, tmp_path)
+    job = prepare_job(runner, range(12), {"env": "local", "n_workers": 2, "num_shards": 4})
+    first = Recording(runner)
+    summary, _ = drive_stage(job.stage, first, shards=job.shards)
+    assert first.handed == [0, 1, 2, 3] and (summary.shards_run, summary.shards_cached) == (4, 0)
+
+    (tmp_path / "split.2" / "done").unlink()
+    again = Recording(runner)
+    summary, merged = drive_stage(job.stage, again, shards=job.shards)
+    assert again.handed == [2] and (summary.shards_run, summary.shards_cached) == (1, 3)
+    assert merged == runner.merge([str(tmp_path / f"split.{i}") for i in range(4)])
+
+    done = Recording(runner)
+    summary, _ = drive_stage(job.stage, done, shards=job.shards)
+    assert done.handed == [] and (summary.shards_run, summary.shards_cached) == (0, 4)
+    assert not list(tmp_path.glob(".prefect-cache*"))  # no second record of "done" beside the markers
 
 
 def test_job_reads_as_its_summary_for_the_api_never_the_runner(tmp_path):

@@ -38,9 +38,9 @@ import torch
 
 from dtmf_demo.dtmf import read_corpus, read_wav
 from espnet3_prefect._internal.atomic import atomic_open, atomic_write_text
+from espnet3_prefect.disk.concat import concat_files
 from espnet3_prefect.espnet3.provider import EnvironmentProvider
 from espnet3_prefect.espnet3.runner import BaseRunner
-from espnet3_prefect.pipeline.merge import concat_files
 
 LOG_FLOOR = 1e-10
 

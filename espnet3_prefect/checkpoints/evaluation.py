@@ -13,11 +13,11 @@ from omegaconf import OmegaConf
 from espnet3_prefect._internal.util import as_list
 from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, resolve_key
 from espnet3_prefect.config.load import fingerprint, identity_config, load_config
-from espnet3_prefect.config.precheck import check_inputs_before_start
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import preflight
 from espnet3_prefect.metrics.history import model_identity
 from espnet3_prefect.metrics.prepare import prepare_metrics
+from espnet3_prefect.pipeline.precheck import check_inputs_before_start
 from espnet3_prefect.pipeline.stage import prepare_stages
 
 MODEL_ID_KEY = "evaluate_model_id"

@@ -14,8 +14,7 @@ import os
 from pathlib import Path
 
 from espnet3_prefect._internal.atomic import atomic_write_text, file_digest, fsync_dir
-from espnet3_prefect.config.load import diff_keys
-from espnet3_prefect.pipeline.layout import DONE_NAME, SHARD_BOOKKEEPING
+from espnet3_prefect.disk.layout import DONE_NAME, SHARD_BOOKKEEPING
 
 MARKER_VERSION = 2
 
@@ -98,3 +97,16 @@ def check_marker(shard_dir: Path, expect: dict) -> str | None:
         if file_digest(path) != digest:
             return f"{shard_dir.name}: {rel} changed since the marker was written"
     return None
+
+
+def diff_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain dicts (for 'what changed' messages)."""
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys.extend(diff_keys(a, b, name + "."))
+        elif a != b:
+            keys.append(name)
+    return keys

@@ -2,18 +2,18 @@
 
 ESPnet3 202611's names are kept so a folder can be shared with upstream ``infer()``::
 
-    <inference_dir>/                      .espnet3-prefect.lock (one run at a time), .prefect-cache/,
+    <inference_dir>/                      .espnet3-prefect.lock (one run at a time),
                                           .dask-jobs/<job name>/ (batch job logs)
     <inference_dir>/<test>/               output_dir: merged <field>.scp, failures.jsonl, .merged.json,
                                           .throughput.json (RTFx, items/s, padding: ours only)
-    <inference_dir>/.prefect-cache/lengths/<test>.npz   item lengths read from audio headers (cache)
+    <inference_dir>/.lengths-cache/<test>.npz  item lengths read from audio headers (cache)
     <output_dir>/[<shard_subdir>/]        shards root: manifest.json (upstream's plan schema)
         split.N/                          one shard, written in place by the runner's hooks
         split.N/lock                      held while the shard runs (O_EXCL, pid on the first line)
         split.N/done                      written last: the commit point (our JSON + checksums)
 
-A runner run outside the infer stage (:class:`RunnerLayout`) keeps the run lock, the cache and the
-job logs in its shards root instead of the folder above.
+A runner run outside the infer stage (:class:`RunnerLayout`) keeps the run lock and the job logs in
+its shards root instead of the folder above.
 
 >>> lay = StageLayout(Path("/x/inference/test_a"), "sub")
 >>> lay.shard_dir(3).as_posix(), lay.manifest.as_posix()
@@ -34,10 +34,9 @@ MANIFEST_NAME = "manifest.json"
 FAILURES_NAME = "failures.jsonl"
 MERGED_RECORD_NAME = ".merged.json"
 RUN_LOCK_NAME = ".espnet3-prefect.lock"
-CACHE_DIR_NAME = ".prefect-cache"
 JOB_LOGS_DIR_NAME = ".dask-jobs"
-#: in the cache folder: each test set's item lengths read from its audio headers (espnet3_prefect.pipeline.lengths)
-LENGTHS_CACHE_DIR_NAME = "lengths"
+#: in inference_dir: each test set's item lengths read from its audio headers (espnet3_prefect.pipeline.lengths)
+LENGTHS_CACHE_DIR_NAME = ".lengths-cache"
 #: beside the merged outputs of a test set: its throughput (RTFx, items/s, padding), never read by upstream
 THROUGHPUT_NAME = ".throughput.json"
 #: beside metrics.json in inference_dir: what it was computed from (espnet3_prefect.metrics.record)
@@ -143,14 +142,9 @@ class StageLayout:
         return self.inference_dir
 
     @property
-    def cache_dir(self) -> Path:
-        """Prefect's results for shard tasks (hidden, beside the outputs, on the shared filesystem)."""
-        return self.inference_dir / CACHE_DIR_NAME
-
-    @property
     def lengths_cache(self) -> Path:
         """The test set's item lengths read from audio headers, keyed inside by the files' fingerprint."""
-        return self.cache_dir / LENGTHS_CACHE_DIR_NAME / f"{self.output_dir.name}.npz"
+        return self.inference_dir / LENGTHS_CACHE_DIR_NAME / f"{self.output_dir.name}.npz"
 
     @property
     def throughput(self) -> Path:
@@ -172,14 +166,14 @@ class StageLayout:
 @dataclass(frozen=True)
 class RunnerLayout(StageLayout):
     """A runner's own folder (``runner(indices)`` / :func:`espnet3_prefect.run`): like a stage's, except
-    that the run lock, ``.prefect-cache/`` and ``.dask-jobs/`` live in the shards root itself, since
-    the folder above ``output_dir`` belongs to the user::
+    that the run lock and ``.dask-jobs/`` live in the shards root itself, since the folder above
+    ``output_dir`` belongs to the user::
 
-        <output_dir>/[<shard_subdir>/]    manifest.json, split.N/, .espnet3-prefect.lock, .prefect-cache/
+        <output_dir>/[<shard_subdir>/]    manifest.json, split.N/, .espnet3-prefect.lock, .dask-jobs/
 
     >>> lay = RunnerLayout(Path("/x/stats"), "")
-    >>> lay.cache_dir.as_posix(), lay.run_lock_dir.as_posix()
-    ('/x/stats/.prefect-cache', '/x/stats')
+    >>> lay.run_lock_dir.as_posix(), job_logs_dir(lay.inference_dir, "e3p-1").as_posix()
+    ('/x/stats', '/x/stats/.dask-jobs/e3p-1')
     """
 
     @property
