@@ -20,6 +20,7 @@ from espnet3_prefect.execution.run_states import (
     mark_flow_run_crashed,
     mark_running_task_run_crashed,
     mark_task_run_crashed,
+    wait_until_recorded,
 )
 from espnet3_prefect.pipeline.lock import RunLock, acquire
 from espnet3_prefect.pipeline.plan import Shard, longest_first
@@ -54,6 +55,8 @@ class DaskExecutor:
         self.log, self.what = log, what
         self.sized = self.records_merge = infer
         self.kind = "infer" if infer else "run-runner"
+        #: task runs this flow run started (build-env, run-shard, merge): what the server must hold when it ends
+        self.task_runs = 0
 
     def _task_runner(self):
         if self.runner is None:
@@ -70,10 +73,17 @@ class DaskExecutor:
         return self
 
     def __exit__(self, *exc) -> bool:
-        return self._stack.__exit__(*exc)
+        suppressed = self._stack.__exit__(*exc)
+        if exc[0] is None and self.task_runs:
+            from prefect.runtime import flow_run
+
+            # the flow run ends Completed only once the server shows every task run it started
+            wait_until_recorded(flow_run.get_id(), self.task_runs)
+        return suppressed
 
     def build_env(self, stage: Stage) -> dict:
         builder = stage.builder if stage.builder is not None else self._make_builder()
+        self.task_runs += 1
         return (
             self._task_runner()
             .submit(build_env, {"work": stage.work, "builder": builder, "sized": self.sized})
@@ -81,9 +91,11 @@ class DaskExecutor:
         )
 
     def run_shards(self, stage: Stage, shards: list[Shard]) -> ShardOutcome:
+        self.task_runs += len(shards)
         return run_shards(self._task_runner(), stage, shards, what=self.what, kind=self.kind)
 
     def merge(self, stage: Stage, shards: list[Shard], n_items: int) -> tuple[Any, dict[str, str]]:
+        self.task_runs += 1
         return merge_shards(stage, shards, n_items, record=self.records_merge, what=self.what)
 
     def forget_env(self, stage: Stage) -> None:

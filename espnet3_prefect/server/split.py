@@ -66,6 +66,14 @@ def migrate(env: dict[str, str], timeout_s: float = 300) -> None:
     )
 
 
+def register_blocks_once(home: Path, env: dict[str, str]) -> None:
+    """Prefect's block types written to the database by one API process, started and stopped again,
+    before N of them start (seen here: two at once failed on ``uq_block_type__slug`` and the API
+    exited as the first run began; a few seconds more at a lab server's start)."""
+    proc, _ = start_server(home, None, False, services="none", extra_env=env, api_processes=1)
+    stop_server(proc.pid)
+
+
 def start_services(home: Path, env: dict[str, str]) -> subprocess.Popen:
     """``prefect server services start`` (foreground, its own session), logging to ``home/services.log``."""
     full = {**os.environ, **env}
@@ -170,6 +178,11 @@ def start_split_server(
     try:
         env = split_environ(home, redis, database)
         migrate(env)
+        if api_processes > 1:
+            register_blocks_once(home, env)
+            # each of N processes would register Prefect's block types at its start, all at once: the
+            # second insert of a slug fails, that process's startup fails, and uvicorn stops them all
+            env = {**env, "PREFECT_API_BLOCKS_REGISTER_ON_START": "false"}
         api, api_url = start_server(home, port, ui, services="none", extra_env=env, api_processes=api_processes)
         started.append(api)
         server = SplitServer(home=home, api_url=api_url, api=api, services=None, redis=redis, env=env)
