@@ -159,6 +159,12 @@ def test_task_runs_are_named_after_shards_and_artifacts_are_published(prefect_se
     assert "shards_run" in str(table.data) and "items_per_s" in str(table.data)
     throughput = next(a for a in mine if a.key == "throughput-test-a")  # one row per worker
     assert throughput.type == "table" and "items_per_worker_s" in str(throughput.data)
+    # the flow ended only once the server held its 5 task runs, all finished; a sixth never comes
+    from espnet3_prefect.execution.run_states import wait_until_recorded
+
+    assert {t.state.type.value for t in task_runs} == {"COMPLETED"} and len(task_runs) == 5
+    assert wait_until_recorded(flow_run_id, 5, timeout_s=0.5) is True
+    assert wait_until_recorded(flow_run_id, 6, timeout_s=0.5) is False
 
 
 def test_lengths_balance_the_plan_prefetch_keeps_outputs_and_timing_reaches_the_summary(prefect_server, tmp_path):
