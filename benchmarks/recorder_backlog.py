@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,18 +69,11 @@ print(many(int(sys.argv[1])))
 """
 
 
-def _count(api_url: str, flow_name: str | None = None) -> int:
-    body: dict = {"task_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}
-    if flow_name:
-        body["flows"] = {"name": {"any_": [flow_name]}}
-    request = urllib.request.Request(
-        f"{api_url}/task_runs/count",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=60) as resp:
-        return int(json.load(resp))
+def _count(api_url: str, flow_name: str) -> int:
+    """The completed task runs of the flow ``flow_name``."""
+    from benchmarks.server_scale import count_task_runs
+
+    return count_task_runs(api_url, completed=True, flow_name=flow_name)
 
 
 def _run_flow(api_url: str, n: int, name: str, work: Path) -> None:

@@ -133,11 +133,16 @@ async def _pg_size(database) -> int:
         await conn.close()
 
 
-def count_task_runs(api_url: str, name_like: str | None = None, completed: bool = False) -> int:
-    """``POST /task_runs/count``: all task runs, or those whose name holds ``name_like``, completed only."""
+def count_task_runs(
+    api_url: str, name_like: str | None = None, completed: bool = False, flow_name: str | None = None
+) -> int:
+    """``POST /task_runs/count``: all task runs, or those whose name holds ``name_like``, of the flow
+    ``flow_name``, completed only."""
     body: dict = {"task_runs": {}}
     if name_like:
         body["task_runs"]["name"] = {"like_": name_like}
+    if flow_name:
+        body["flows"] = {"name": {"any_": [flow_name]}}
     if completed:
         body["task_runs"]["state"] = {"type": {"any_": ["COMPLETED"]}}
     request = urllib.request.Request(

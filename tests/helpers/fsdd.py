@@ -53,3 +53,22 @@ def fsdd_output_fn(data, model_output, idx):
         return [fsdd_output_fn(d, m, i) for d, m, i in zip(data, model_output, idx)]
     frames, energy = model_output
     return {"utt_id": data["utt_id"], "frames": frames, "log_energy": f"{energy:.4f}", "digit": data["text"]}
+
+
+def fsdd_inference_config(inference_dir, root, *, limit: int, num_shards: int) -> dict:
+    """An inference config decoding ``limit`` FSDD recordings under ``root`` with :class:`LogEnergyModel`
+    through ESPnet3's provider and runner, batches of 4, 2 local workers, ``num_shards`` shards."""
+    return {
+        "inference_dir": str(inference_dir),
+        "dataset": {
+            "_target_": "tests.helpers.fsdd.FsddOrganizer",
+            "test": [{"name": "fsdd", "root": str(root), "limit": limit}],
+        },
+        "model": {"_target_": "tests.helpers.fsdd.LogEnergyModel"},
+        "input_key": "speech",
+        "output_fn": "tests.helpers.fsdd.fsdd_output_fn",
+        "batch_size": 4,
+        "provider": {"_target_": "espnet3.systems.base.inference_provider.InferenceProvider"},
+        "runner": {"_target_": "espnet3.systems.base.inference_runner.InferenceRunner"},
+        "parallel": {"env": "local", "n_workers": 2, "num_shards": num_shards},
+    }

@@ -19,20 +19,9 @@ FIELDS = ("frames", "log_energy", "digit")
 
 
 def _config(tmp_path, fsdd_dir, n=40):
-    return {
-        "inference_dir": str(tmp_path / "inf"),
-        "dataset": {
-            "_target_": "tests.helpers.fsdd.FsddOrganizer",
-            "test": [{"name": "fsdd", "root": str(fsdd_dir), "limit": n}],
-        },
-        "model": {"_target_": "tests.helpers.fsdd.LogEnergyModel"},
-        "input_key": "speech",
-        "output_fn": "tests.helpers.fsdd.fsdd_output_fn",
-        "batch_size": 4,
-        "provider": {"_target_": "espnet3.systems.base.inference_provider.InferenceProvider"},
-        "runner": {"_target_": "espnet3.systems.base.inference_runner.InferenceRunner"},
-        "parallel": {"env": "local", "n_workers": 2, "num_shards": 4},
-    }
+    from tests.helpers.fsdd import fsdd_inference_config
+
+    return fsdd_inference_config(tmp_path / "inf", fsdd_dir, limit=n, num_shards=4)
 
 
 def _run(tmp_path, cfg, overrides=()):

@@ -203,20 +203,9 @@ def test_shape_files_give_the_first_number_by_item_index(tmp_path):
 
 
 def _stages(tmp_path, root, *overrides, limit=12):
-    cfg = {
-        "inference_dir": str(tmp_path / "inference"),
-        "dataset": {
-            "_target_": "tests.helpers.fsdd.FsddOrganizer",
-            "test": [{"name": "fsdd", "root": str(root), "limit": limit}],
-        },
-        "model": {"_target_": "tests.helpers.fsdd.LogEnergyModel"},
-        "input_key": "speech",
-        "output_fn": "tests.helpers.fsdd.fsdd_output_fn",
-        "batch_size": 4,
-        "provider": {"_target_": "espnet3.systems.base.inference_provider.InferenceProvider"},
-        "runner": {"_target_": "espnet3.systems.base.inference_runner.InferenceRunner"},
-        "parallel": {"env": "local", "n_workers": 2, "num_shards": 3},
-    }
+    from tests.helpers.fsdd import fsdd_inference_config
+
+    cfg = fsdd_inference_config(tmp_path / "inference", root, limit=limit, num_shards=3)
     return prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], list(overrides)))[1]
 
 
