@@ -111,3 +111,30 @@ def write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
+
+
+def import_keeping_ctrl_c(module_name: str):
+    """Import ``module_name`` and put the process's SIGINT handler back as it was.
+
+    ``dask_jobqueue`` (any of its modules: its package imports ``runner``) installs a SIGINT handler
+    at import time that exits silently with status 0, so a Ctrl-C, or the server watch's interrupt,
+    would end a run as if it had succeeded. Off the main thread that import fails instead ("signal
+    only works in main thread"): import it from the main thread first.
+
+    >>> import signal
+    >>> before = signal.getsignal(signal.SIGINT)
+    >>> import_keeping_ctrl_c("json").__name__, signal.getsignal(signal.SIGINT) is before
+    ('json', True)
+    """
+    import importlib
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return importlib.import_module(module_name)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if handler is not None and signal.getsignal(signal.SIGINT) is not handler:
+            signal.signal(signal.SIGINT, handler)

@@ -12,13 +12,12 @@ import importlib
 import importlib.util
 import os
 import shutil
-import signal
 import sys
 import threading
 import uuid
 from pathlib import Path
 
-from espnet3_prefect._internal.util import as_list, put_on_pythonpath
+from espnet3_prefect._internal.util import as_list, import_keeping_ctrl_c, put_on_pythonpath
 from espnet3_prefect.errors import ConfigError, one_line
 
 __all__ = ["as_list", "enter_workdir"]
@@ -51,9 +50,7 @@ def preload_on_main_thread() -> None:
         return
     if importlib.util.find_spec("espnet3") is None or importlib.util.find_spec("dask_jobqueue") is None:
         return
-    handler = signal.getsignal(signal.SIGINT)
-    importlib.import_module("dask_jobqueue")
-    signal.signal(signal.SIGINT, handler)
+    import_keeping_ctrl_c("dask_jobqueue")
 
 
 def check_writable(out_dir: Path, min_free_mb: float = 0.0, key: str = "inference_dir") -> None:

@@ -154,22 +154,29 @@ def watching(api_url: str, *, what: str, rerun: str | None = None, cafile: str |
     line (it cannot interrupt that thread)."""
     watch = ServerWatch(api_url, what=what, rerun=rerun, cafile=cafile)
     on_main = threading.current_thread() is threading.main_thread()
-    ignored = on_main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    if ignored:  # started with Ctrl-C ignored (nohup ... &): it stays ignored, the watch's own still ends the run
-
-        def only_the_watch(signum, frame):
+    before = signal.getsignal(signal.SIGINT) if on_main else None
+    if on_main:
+        # The watch's interrupt is its own whatever handler is installed: dask_jobqueue installs one
+        # at import time that exits silently (``sys.exit()``), which would turn the watch's line into
+        # a SystemExit (found in CI: a test earlier in the same process had imported it). A Ctrl-C
+        # that is not the watch's goes to the handler that was there; an ignored one stays ignored.
+        def the_watch_first(signum, frame):
             if watch.reason is not None:
                 raise KeyboardInterrupt
+            if callable(before):
+                return before(signum, frame)
+            if before == signal.SIG_DFL:
+                signal.default_int_handler(signum, frame)
 
-        signal.signal(signal.SIGINT, only_the_watch)
+        signal.signal(signal.SIGINT, the_watch_first)
     watch.start()
     try:
         yield watch
-    except (Exception, KeyboardInterrupt):
+    except (Exception, KeyboardInterrupt, SystemExit):
         if watch.reason is not None:
             raise ServerGoneError(watch.reason) from None
         raise
     finally:
         watch.stop()
-        if ignored:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if on_main and signal.getsignal(signal.SIGINT) is the_watch_first:
+            signal.signal(signal.SIGINT, before if before is not None else signal.default_int_handler)

@@ -162,3 +162,37 @@ def test_the_probe_tells_a_refused_connection_from_an_answer():
         assert probe(health.url, timeout_s=1, cafile=None) == "up"
     finally:
         health.close()
+
+
+def test_the_watch_interrupts_under_a_handler_that_exits_silently_and_puts_it_back():
+    """dask_jobqueue's import installs ``lambda *_: sys.exit()`` for SIGINT (a test run once had it
+    from an earlier test in the same process, and the watch's interrupt became a SystemExit). The
+    watch's own interrupt is its own; the handler that was there is back after the block."""
+    import signal
+    import sys
+
+    from espnet3_prefect.server import watch
+
+    def exits_silently(*_):
+        sys.exit()
+
+    saved = signal.signal(signal.SIGINT, exits_silently)
+    try:
+        health = _Health()
+        with pytest.raises(watch.ServerGoneError, match=r"the test's server at .* stopped"):
+            with watch.watching(health.url, what="the test's server") as w:
+                w.interval_s = 0.1
+                health.close()
+                threading.Event().wait(60)
+        assert signal.getsignal(signal.SIGINT) is exits_silently
+        # a Ctrl-C that is not the watch's still reaches the handler that was there
+        health = _Health()
+        try:
+            with pytest.raises(SystemExit):
+                with watch.watching(health.url, what="the test's server"):
+                    signal.raise_signal(signal.SIGINT)
+        finally:
+            health.close()
+        assert signal.getsignal(signal.SIGINT) is exits_silently
+    finally:
+        signal.signal(signal.SIGINT, saved)

@@ -180,3 +180,24 @@ def test_the_task_runners_fast_path_is_on_for_the_installed_prefect_and_gated_ou
     assert untested_versions({"prefect": "3.8.8", "prefect-dask": "0.3.7"}) == []
     assert untested_versions({"prefect": "3.8.7", "prefect-dask": "0.4.0"}) == ["prefect 3.8.7", "prefect-dask 0.4.0"]
     assert set(TESTED) == {"prefect", "prefect-dask"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("dask_jobqueue") is None, reason="dask-jobqueue not installed")
+def test_a_batch_backend_keeps_ctrl_c_handled_after_it_imports_dask_jobqueue():
+    """dask_jobqueue's import installs a SIGINT handler that exits with status 0 (a Ctrl-C would end
+    a run as if it had succeeded). Loading a backend's cluster class, or checking its options, puts
+    the handler back. In a fresh interpreter: the test process may have imported it already."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import signal, sys\n"
+        "from espnet3_prefect.execution import backends\n"
+        "backends.get('slurm').valid_options()\n"
+        "backends.get('sge').load_cluster_class()\n"
+        "assert 'dask_jobqueue.runner' in sys.modules\n"
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"

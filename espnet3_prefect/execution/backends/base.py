@@ -9,14 +9,13 @@ commands that list and cancel a run's jobs.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from espnet3_prefect._internal.util import CLIENT_FILE_VAR
+from espnet3_prefect._internal.util import CLIENT_FILE_VAR, import_keeping_ctrl_c
 from espnet3_prefect.errors import ConfigError, MissingExtraError
 
 if TYPE_CHECKING:
@@ -217,9 +216,9 @@ class Backend:
         """Import the cluster class; a missing package names the pip extra to install."""
         module_name, _, attr = self.cluster_class.rpartition(".")
         try:
-            module = importlib.import_module(module_name)
+            module = import_keeping_ctrl_c(module_name)
             for extra_module in self.also_needs:
-                importlib.import_module(extra_module)
+                import_keeping_ctrl_c(extra_module)
         except ImportError as exc:
             missing = getattr(exc, "name", None) or module_name
             raise MissingExtraError(

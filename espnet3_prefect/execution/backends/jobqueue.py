@@ -61,9 +61,9 @@ class JobqueueBackend(Backend):
         return self.walltime is not None
 
     def valid_options(self) -> set[str] | None:
+        cluster = self.load_cluster_class()  # first: it imports dask_jobqueue keeping Ctrl-C's handler
         from dask_jobqueue.core import Job, JobQueueCluster
 
-        cluster = self.load_cluster_class()
         return keyword_names(JobQueueCluster, cluster, cluster.job_cls, Job)
 
     def _configured(self, key: str) -> Any:
