@@ -52,9 +52,9 @@ def compare(work: Path, n: int, num_shards: int, rounds: int = 2) -> dict[str, l
 
 def _plain(config: str, n: int, num_shards: int, out: str) -> None:
     from espnet3_prefect.config.load import load_config
-    from espnet3_prefect.pipeline.stage import prepare_stages
+    from espnet3_prefect.pipeline.stage import build_stages
 
-    stage = prepare_stages(load_config([config]))[1][0]
+    stage = build_stages(load_config([config]))[1][0]
     baselines.plain_dask(stage, n, 2, num_shards, Path(out))
 
 

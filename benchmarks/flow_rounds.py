@@ -34,14 +34,14 @@ def main() -> None:
         from espnet3_prefect.config.load import load_config
         from espnet3_prefect.flows.infer import infer
         from espnet3_prefect.pipeline.plan import default_num_shards
-        from espnet3_prefect.pipeline.stage import prepare_stages
+        from espnet3_prefect.pipeline.stage import build_stages
 
         meter, shards = orchestration.ServerMeter(work / "home"), default_num_shards(args.n, 2)
         for rnd in range(args.rounds):
             path = work / f"dask{rnd}.yaml"
             path.write_text(yaml.safe_dump(synthetic.config(str(work / f"dask{rnd}"), args.n, 3.0, 2, shards)))
             started = time.perf_counter()
-            baselines.plain_dask(prepare_stages(load_config([path]))[1][0], args.n, 2, shards, work / f"out{rnd}")
+            baselines.plain_dask(build_stages(load_config([path]))[1][0], args.n, 2, shards, work / f"out{rnd}")
             dask = time.perf_counter() - started
             path = work / f"infer{rnd}.yaml"
             path.write_text(yaml.safe_dump(synthetic.config(str(work / f"infer{rnd}"), args.n, 3.0, 2, None)))

@@ -79,9 +79,9 @@ class Suite:
     @staticmethod
     def stage_of(path: Path):
         from espnet3_prefect.config.load import load_config
-        from espnet3_prefect.pipeline.stage import prepare_stages
+        from espnet3_prefect.pipeline.stage import build_stages
 
-        return prepare_stages(load_config([path]))[1][0]
+        return build_stages(load_config([path]))[1][0]
 
 
 COST_MS = 3.0  # the overhead benchmark: 10k items x 3 ms of CPU, 2 workers

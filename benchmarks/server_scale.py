@@ -245,9 +245,9 @@ def plain_dask_walls(work: Path, sizes: tuple[int, ...], workers: int = 4) -> di
 
 def _plain(config: str, shards: int, workers: int, out: str) -> None:
     from espnet3_prefect.config.load import load_config
-    from espnet3_prefect.pipeline.stage import prepare_stages
+    from espnet3_prefect.pipeline.stage import build_stages
 
-    stage = prepare_stages(load_config([config]))[1][0]
+    stage = build_stages(load_config([config]))[1][0]
     baselines.plain_dask(stage, shards, workers, shards, Path(out))
 
 

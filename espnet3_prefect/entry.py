@@ -38,11 +38,9 @@ from espnet3_prefect.config.runner_keys import (
 )
 from espnet3_prefect.espnet3.runner import set_call_handler
 from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL, active_parallel_config
-from espnet3_prefect.execution.spec import preflight
 from espnet3_prefect.main_guard import check_main_guard
-from espnet3_prefect.pipeline.precheck import check_inputs_before_start
+from espnet3_prefect.pipeline.run_plan import RunPlan, plan_run
 from espnet3_prefect.pipeline.runner_job import RunnerJob, importable_from_workers, prepare_job
-from espnet3_prefect.pipeline.stage import prepare_stages
 
 
 def infer(config: DictConfig) -> None:
@@ -51,23 +49,22 @@ def infer(config: DictConfig) -> None:
     set is already done and verified for this config and code, it returns at once: no server, no
     cluster, no flow run (one INFO line on the ``espnet3_prefect`` logger), as the command line does."""
     plain = _plain(config)
-    cfg = load_config_input(plain)
-    spec, stages = prepare_stages(cfg)
-    _main_guard("infer()", spec.env if not spec.address else None)
-    preflight(spec)  # every config error before a server or cluster starts
-    if _settled(stages):
+    plan = plan_run(load_config_input(plain))  # built once, handed to the flow run
+    _main_guard("infer()", plan.spec.env if not plan.spec.address else None)
+    plan.preflight()  # every config error before a server or cluster starts
+    if _settled(plan):
         return
-    check_inputs_before_start(cfg, stages)  # work to do: the demo's data, then input_key
+    plan.check_inputs()  # work to do: the demo's data, then input_key
     importable_from_workers()
 
     def start():
         from espnet3_prefect.flows.infer import infer as infer_flow
 
-        return infer_flow(config=plain)
+        return infer_flow(config=plain, plan=plan)
 
     from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, fork_server_beside
 
-    _on_api(start, starting=fork_server_beside(spec, stages, INFER_FORKSERVER_PRELOAD))
+    _on_api(start, starting=fork_server_beside(plan.spec, plan.stages, INFER_FORKSERVER_PRELOAD))
 
 
 def measure(metrics_config: DictConfig, inference_config: DictConfig | None = None) -> dict:
@@ -191,16 +188,14 @@ def _rerun_command() -> str | None:
     return shlex.join(["python", *sys.argv]) if script.endswith(".py") else None
 
 
-def _settled(stages) -> bool:
+def _settled(plan: RunPlan) -> bool:
     """Whether every test set is already done and verified for this config and code (as the command
     line checks it): then nothing starts, no server, no cluster, no flow run (one log line says so)."""
-    from espnet3_prefect.pipeline.resume import all_complete
-
-    if all_complete(stages) is None:
+    if plan.complete() is None:
         return False
     logging.getLogger("espnet3_prefect").info(
         "infer: nothing to run, every test set is done and verified (no server started, no flow run): %s",
-        ", ".join(stage.test_set for stage in stages),
+        ", ".join(stage.test_set for stage in plan.stages),
     )
     return True
 

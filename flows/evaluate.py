@@ -117,7 +117,7 @@ def evaluate(
             last["run_time"],
         )
     started, clock = now_utc(), time.monotonic()
-    summaries = infer(config=infer_config, overrides=plan["infer_overrides"])
+    summaries = infer(config=infer_config, overrides=plan["infer_overrides"], plan=plan["run_plan"])
     results = metrics(
         config=metrics_config,
         overrides=plan["metrics_overrides"],

@@ -8,6 +8,7 @@ flow serves every backend; the block is read at run time, which lets deployments
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
 
@@ -16,7 +17,6 @@ from espnet3_prefect.config.load import load_config_input
 from espnet3_prefect.execution.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import check_writable, enter_workdir, preload_on_main_thread
-from espnet3_prefect.execution.spec import preflight
 from espnet3_prefect.flows.dispatch import DaskExecutor, take_run_lock
 from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD, stage_modules
 from espnet3_prefect.pipeline.dataprep import ensure_prepared
@@ -24,18 +24,21 @@ from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.duration import caveat
 from espnet3_prefect.pipeline.report import CONSOLE_OFF, format_summary, publish_summary, quiet_console
 from espnet3_prefect.pipeline.resume import already_complete
-from espnet3_prefect.pipeline.sizing import size_on_driver
-from espnet3_prefect.pipeline.stage import Stage, stages_for_run
+from espnet3_prefect.pipeline.run_plan import RunPlan, plan_run
 
 
 @flow(name="infer", log_prints=True, on_cancellation=[cancel_jobs_hook], on_crashed=[cancel_jobs_hook])
 @fails_with_its_message
-def infer(config: list[str] | str | dict, overrides: list[str] | None = None, workdir: str | None = None) -> list[dict]:
+def infer(
+    config: list[str] | str | dict, overrides: list[str] | None = None, workdir: str | None = None, plan: Any = None
+) -> list[dict]:
     """Run the ESPnet3 infer stage for every test set of ``config``: config files merged left to
     right (or one already-loaded config as a dict), then ``overrides``.
 
     ``workdir``: run from that folder (relative paths, recipe modules), as deployments do for
-    ``espnet3-prefect infer --detach``.
+    ``espnet3-prefect infer --detach``. ``plan``: the
+    :class:`~espnet3_prefect.pipeline.run_plan.RunPlan` a front door in this process built from this
+    ``config`` (recorded as ``"<RunPlan>"``); without it (a deployment's run) the flow builds its own.
 
     Example (embedded default: a local Prefect server and a local Dask cluster)::
 
@@ -48,14 +51,16 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None, wo
         put_on_pythonpath(Path(__file__).parent, first=False, here_too=False)
     enter_workdir(workdir)
     preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
-    cfg = load_config_input(config, overrides)
-    spec, stages = stages_for_run(cfg)  # as the command line or infer() validated it, if one did
-    preflight(spec)  # local_gpu without GPUs fails here, also when every shard is cached
+    if not isinstance(plan, RunPlan):
+        plan = plan_run(load_config_input(config, overrides))
+    spec, stages = plan.spec, plan.stages
+    plan.preflight()  # local_gpu without GPUs fails here, also when every shard is cached
     for stage in stages:
         check_writable(stage.out_dir, stage.min_free_mb)
     logger = get_run_logger()
-    for made in ensure_prepared(cfg):  # e.g. the DTMF demo's audio on a fresh clone
-        logger.info("prepared data: %s", made)
+    if not plan.inputs_checked:  # a front door checked them (and made the data) before the server started
+        for made in ensure_prepared(plan.config):  # e.g. the DTMF demo's audio on a fresh clone
+            logger.info("prepared data: %s", made)
     lock = take_run_lock(stages[0].layout.run_lock_dir, logger)
     try:
         logger.info(
@@ -67,7 +72,7 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None, wo
         max_duration = next((s.work.max_duration for s in stages if s.work.max_duration is not None), None)
         if max_duration is not None:  # once per run: every test set shares the runner block
             logger.warning(caveat(max_duration))
-        summaries = _run_stages(spec, stages, logger)
+        summaries = _run_stages(plan, logger)
     finally:
         lock.release()
     publish_summary(summaries)
@@ -75,11 +80,12 @@ def infer(config: list[str] | str | dict, overrides: list[str] | None = None, wo
     return summaries
 
 
-def _run_stages(spec, stages: list[Stage], logger) -> list[dict]:
+def _run_stages(plan: RunPlan, logger) -> list[dict]:
     """Drive the test sets that need work (one cluster for all of them, started only when one does)."""
+    spec, stages = plan.spec, plan.stages
     finished, sizing = {}, {}
     for stage in stages:
-        sizing[stage.test_set] = size_on_driver(stage)
+        sizing[stage.test_set] = plan.sizing(stage)
         summary, why = already_complete(stage, sizing[stage.test_set])
         finished[stage.test_set] = summary
         if summary:

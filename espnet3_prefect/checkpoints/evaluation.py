@@ -14,11 +14,9 @@ from espnet3_prefect._internal.util import as_list
 from espnet3_prefect.checkpoints.checkpoint import checkpoint_info, resolve_key
 from espnet3_prefect.config.load import fingerprint, identity_config, load_config
 from espnet3_prefect.errors import ConfigError
-from espnet3_prefect.execution.spec import preflight
 from espnet3_prefect.metrics.history import model_identity
 from espnet3_prefect.metrics.prepare import prepare_metrics
-from espnet3_prefect.pipeline.precheck import check_inputs_before_start
-from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.pipeline.run_plan import plan_run
 
 MODEL_ID_KEY = "evaluate_model_id"
 
@@ -50,9 +48,16 @@ def plan_evaluation(
         # quoted: a path is a string whatever YAML would make of it (``1200``, ``a: b``)
         infer_overrides.append(f"{'' if present else '+'}{ckpt['key']}={json.dumps(ckpt['path'])}")
     icfg = load_config(as_list(infer_config), as_list(infer_overrides))
-    spec, stages = prepare_stages(icfg)
-    preflight(spec)
-    check_inputs_before_start(icfg, stages)  # the demo's data, then input_key: before a server starts
+    run_plan = plan_run(icfg)
+    run_plan.preflight()
+    identity = model_identity(icfg)
+    i_overrides = list(as_list(infer_overrides))
+    if identity["kind"] == "files":  # the checkpoint's content joins infer's fingerprint
+        i_overrides.append(f"+{MODEL_ID_KEY}={identity['id']}")
+        run_plan = plan_run(load_config(as_list(infer_config), i_overrides))  # the config infer runs
+        run_plan.preflighted = True
+    run_plan.check_inputs()  # the demo's data, then input_key: before a server starts
+    stages = run_plan.stages
     inference_dir = Path(str(icfg.inference_dir)).expanduser().resolve()
     m_overrides = list(as_list(metrics_overrides))
     probe = load_config(as_list(metrics_config), m_overrides)
@@ -70,16 +75,13 @@ def plan_evaluation(
         m_overrides.append(f"+dataset.test=[{names}]")
     mcfg = load_config(as_list(metrics_config), m_overrides)
     mplan = prepare_metrics(mcfg, inference_config=icfg, check_inputs=False)  # dataset: inputs read icfg
-    identity = model_identity(icfg)
-    i_overrides = list(as_list(infer_overrides))
-    if identity["kind"] == "files":  # the checkpoint's content joins infer's fingerprint
-        i_overrides.append(f"+{MODEL_ID_KEY}={identity['id']}")
     infer_identity = identity_config(icfg)
     if ckpt is not None:
         _drop(infer_identity, ckpt["key"])
     return {
         "inference_dir": inference_dir,
         "infer_overrides": i_overrides,
+        "run_plan": run_plan,  # infer's, built once: the flow ``evaluate`` hands it to its infer subflow
         "metrics_overrides": m_overrides,
         "identity": identity,
         "metrics_plan": mplan,

@@ -84,25 +84,18 @@ def infer_input(args: argparse.Namespace) -> tuple:
 
 def run_infer(args: argparse.Namespace) -> int:
     config, overrides = infer_input(args)
-    prepared = []
-    done = []
-    specs = []
+    plans, done = [], []  # the run's plan, built once by validate() and handed to the flow
 
     def validate():
         from espnet3_prefect.config.load import load_config_input
-        from espnet3_prefect.execution.spec import preflight
-        from espnet3_prefect.pipeline.precheck import check_inputs_before_start
-        from espnet3_prefect.pipeline.resume import all_complete
-        from espnet3_prefect.pipeline.stage import prepare_stages
+        from espnet3_prefect.pipeline.run_plan import plan_run
 
-        cfg = load_config_input(config, overrides)
-        spec, stages = prepare_stages(cfg)
-        preflight(spec)
-        specs.append(spec)
-        prepared.extend(stages)
-        done.append(all_complete(stages))
+        plan = plan_run(load_config_input(config, overrides))
+        plan.preflight()
+        plans.append(plan)
+        done.append(plan.complete())
         if done[0] is None:  # work to do: the demo's data, then input_key, before a server starts
-            check_inputs_before_start(cfg, stages)
+            plan.check_inputs()
 
     def settled():
         return done[0]
@@ -111,7 +104,7 @@ def run_infer(args: argparse.Namespace) -> int:
         from espnet3_prefect.flows.infer import infer
 
         with console_skips_summary():
-            return infer(config=config, overrides=overrides)
+            return infer(config=config, overrides=overrides, plan=plans[0])
 
     def show(summaries):
         from espnet3_prefect.pipeline.report import format_summary
@@ -121,12 +114,12 @@ def run_infer(args: argparse.Namespace) -> int:
     def writers():
         from espnet3_prefect.server.run_links import writer_runs
 
-        return writer_runs(stage.out_dir for stage in prepared)
+        return writer_runs(stage.out_dir for stage in plans[0].stages)
 
     def starting():
         from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, fork_server_beside
 
-        return fork_server_beside(specs[0], prepared, INFER_FORKSERVER_PRELOAD)
+        return fork_server_beside(plans[0].spec, plans[0].stages, INFER_FORKSERVER_PRELOAD)
 
     return run_stage(args, validate=validate, run=run, show=show, settled=settled, writers=writers, starting=starting)
 

@@ -6,7 +6,8 @@ A typo in ``input_key`` is then the one line a user sees, with no server start b
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,16 +18,19 @@ from espnet3_prefect.pipeline.sizing import checked_dataset, require_lengths
 log = logging.getLogger("espnet3_prefect")
 
 
-def check_inputs_before_start(cfg: DictConfig, stages: Iterable) -> None:
+def check_inputs_before_start(
+    cfg: DictConfig, stages: Iterable, dataset_of: Callable[[Any], Any] = checked_dataset
+) -> None:
     """The model's own files first (F5-TTS's vocoder, :func:`~espnet3_prefect.config.vocoder.check_vocoder`),
-    then make the recipe's data when it has a hook for it, then check every test set's inputs."""
+    then make the recipe's data when it has a hook for it, then check every test set's inputs.
+    ``dataset_of(stage)``: the test set's dataset, built and checked (a run plan builds it once)."""
     model = cfg.get("model")
     plain_model = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else model
     check_vocoder({"model": plain_model, "recipe_dir": cfg.get("recipe_dir")})
     for made in ensure_prepared(cfg):
         log.info("prepared data: %s", made)
     for stage in stages:
-        dataset = checked_dataset(stage)
+        dataset = dataset_of(stage)
         if dataset is not None:
             require_lengths(stage, dataset)
 

@@ -116,20 +116,22 @@ def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:
     return plan_shards(stage.test_set, n_items, count, batch_size, lengths=lengths, max_duration=max_duration)
 
 
-def all_complete(stages: list[Stage]) -> list[dict] | None:
+def all_complete(stages: list[Stage], sizing_of: Callable[[Stage], Sizing | None] | None = None) -> list[dict] | None:
     """The summaries of ``stages`` when none of them needs any work, checked in this process (no server,
     no cluster), else None. Cheap when there is work: a test set never merged for this config is
     answered before its dataset is built. A dataset that cannot be built here (e.g. data the flow
-    prepares first) counts as work: the flow run then says why, or fails with the real error."""
+    prepares first) counts as work: the flow run then says why, or fails with the real error.
+    ``sizing_of(stage)``: the test set's sizing (default: built here; a run plan builds it once)."""
     from espnet3_prefect.pipeline.sizing import size_on_driver
 
+    sizing_of = sizing_of or size_on_driver
     summaries = []
     for stage in stages:
         record = read_merged_record(stage.layout)
         if not stage.resume or not record or record.get("identity_fingerprint") != stage.identity_fingerprint:
             return None
         try:
-            sizing = size_on_driver(stage)
+            sizing = sizing_of(stage)
         except Exception:  # noqa: BLE001 - not an answer here; the flow run reports it
             return None
         summary, _ = already_complete(stage, sizing)

@@ -47,7 +47,11 @@ def size_on_driver(stage: Stage) -> Sizing | None:
     headers or the recipe's shape files (:mod:`espnet3_prefect.pipeline.lengths`), which are required
     there. Without the key nothing else is read here: the plan is today's, and each shard reads its own
     items' headers for the report (:func:`espnet3_prefect.pipeline.lengths.shard_seconds`)."""
-    dataset = checked_dataset(stage)
+    return size_dataset(stage, checked_dataset(stage))
+
+
+def size_dataset(stage: Stage, dataset: Any) -> Sizing | None:
+    """:func:`size_on_driver` for a dataset already built (by :func:`checked_dataset`; None: none)."""
     if dataset is None:
         return None
     n_items = len(dataset)

@@ -126,41 +126,9 @@ class Stage:
         return dataclasses.replace(self, work=work)
 
 
-def prepare_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
-    """Validate ``cfg`` and build one :class:`Stage` per test set (provider and runner instantiated).
-
-    A front door (the command line, ``infer()``) calls this before it starts the flow run; the flow,
-    in the same process, takes the same result (:func:`stages_for_run`) instead of validating again."""
-    _validated.clear()
-    prepared = build_stages(cfg)
-    key = _config_key(cfg)
-    if key:  # a config without a text form is validated again in the flow
-        _validated[key] = prepared
-    return prepared
-
-
-def stages_for_run(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
-    """The stages :func:`prepare_stages` last built for this very config in this process, handed over
-    once; else (a deployment's run, another config) validated and built here."""
-    prepared = _validated.pop(_config_key(cfg), None)
-    _validated.clear()
-    return prepared if prepared is not None else build_stages(cfg)
-
-
-#: the one config a front door validated, until the flow run it starts takes it
-_validated: dict[str, tuple[ParallelSpec, list[Stage]]] = {}
-
-
-def _config_key(cfg: DictConfig) -> str:
-    try:
-        text = OmegaConf.to_yaml(cfg)
-    except Exception:  # noqa: BLE001 - no text form: never handed over
-        return ""
-    return fingerprint({"config": text, "cwd": os.getcwd()})
-
-
 def build_stages(cfg: DictConfig) -> tuple[ParallelSpec, list[Stage]]:
-    """Validate ``cfg`` and build its stages, with no hand-over to a flow run (see :func:`prepare_stages`)."""
+    """Validate ``cfg`` and build one :class:`Stage` per test set (provider and runner instantiated);
+    a run builds them once, in its :class:`~espnet3_prefect.pipeline.run_plan.RunPlan`."""
     check_top_level_keys(cfg, INFERENCE_KEYS)  # a misspelt key first: it explains what fails after it
     inference_dir = cfg.get("inference_dir")
     if not inference_dir:

@@ -244,3 +244,15 @@ class GatedRunner(InferenceRunner):
         while gate and not os.path.exists(gate) and time.monotonic() < deadline:
             time.sleep(0.2)
         return InferenceRunner.forward(idx, **env)
+
+
+class DatasetCountingProvider(CountingProvider):
+    """Logs ``dataset <pid> <thread name>`` to ``config.toy.dataset_log`` each time a dataset is built:
+    the driver's builds are the ones in the test's own process and main thread."""
+
+    @staticmethod
+    def build_dataset(config):
+        import threading
+
+        _append(config.get("toy", {}).get("dataset_log"), f"dataset {os.getpid()} {threading.current_thread().name}")
+        return CountingProvider.build_dataset(config)

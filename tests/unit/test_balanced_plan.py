@@ -13,7 +13,7 @@ from espnet3_prefect.pipeline.plan import default_num_shards, plan_shards
 from espnet3_prefect.pipeline.resume import plan_for
 from espnet3_prefect.pipeline.shard import process_shard
 from espnet3_prefect.pipeline.sizing import dataset_lengths, size_on_driver
-from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.pipeline.stage import build_stages
 from tests.conftest import toy_config, write_yaml
 
 
@@ -121,7 +121,7 @@ def test_lengths_that_are_not_the_protocol_are_ignored():
 def _stage(tmp_path, lengths, **kw):
     cfg = toy_config(tmp_path, n=len(lengths), num_shards=4, **kw)
     cfg["dataset"]["test"][0]["lengths"] = lengths
-    [stage] = prepare_stages(load_config([write_yaml(tmp_path / "conf.yaml", cfg)]))[1]
+    [stage] = build_stages(load_config([write_yaml(tmp_path / "conf.yaml", cfg)]))[1]
     return stage
 
 

@@ -7,7 +7,7 @@ import pytest
 from espnet3_prefect import load_config
 from espnet3_prefect.config.load import for_test_set, identity_config, list_test_sets
 from espnet3_prefect.config.targets import resolve_target
-from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.pipeline.stage import build_stages
 from tests.conftest import toy_config, write_yaml
 
 
@@ -42,7 +42,7 @@ def test_espnet3_recipe_config_runs_unchanged(tmp_path):
     cfg["provider"]["_target_"] = "espnet3.systems.base.inference_provider.InferenceProvider"
     cfg["runner"]["_target_"] = "espnet3.systems.base.inference_runner.InferenceRunner"
     cfg["provider"]["params"] = {}
-    _, [stage] = prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)]))
+    _, [stage] = build_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)]))
     assert type(stage.runner).__module__ == "espnet3_prefect.espnet3.inference_runner"
     assert stage.runner.idx_key == "utt_id"
 
@@ -50,13 +50,13 @@ def test_espnet3_recipe_config_runs_unchanged(tmp_path):
 def test_no_parallel_block_means_local_one_worker(tmp_path):
     cfg = toy_config(tmp_path)
     del cfg["parallel"]
-    spec, _ = prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)]))
+    spec, _ = build_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)]))
     assert (spec.env, spec.n_workers) == ("local", 1)
 
 
 def test_fingerprint_ignores_how_it_runs_but_not_what_it_computes(tmp_path):
     path = write_yaml(tmp_path / "c.yaml", toy_config(tmp_path))
-    fp = lambda *o: prepare_stages(load_config([path], list(o)))[1][0].work.fingerprint
+    fp = lambda *o: build_stages(load_config([path], list(o)))[1][0].work.fingerprint
     base = fp()
     assert fp("parallel.n_workers=7", "runner.retries=5", "runner.resume=false") == base
     assert fp("model.scale=4") != base

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from espnet3_prefect import ConfigError, load_config
-from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.pipeline.stage import build_stages
 from tests.conftest import toy_config, write_yaml
 
 
@@ -117,7 +117,7 @@ def test_bad_config_is_one_line_naming_the_key(tmp_path, name, edit, message):
     edit(cfg)
     path = write_yaml(tmp_path / "conf.yaml", cfg)
     with pytest.raises(ConfigError) as err:
-        prepare_stages(load_config([path]))
+        build_stages(load_config([path]))
     text = str(err.value)
     assert message in text
     assert "\n" not in text
@@ -150,18 +150,18 @@ def test_a_misspelt_key_added_by_an_override_fails_first(tmp_path):
         match=r"^batch_sise: not a config key; did you mean batch_size\? "
         r"\(a key of your own: list it under allow_keys:\)$",
     ):
-        prepare_stages(load_config([path], ["+batch_sise=16"]))
+        build_stages(load_config([path], ["+batch_sise=16"]))
     with pytest.raises(ConfigError, match="^inferece_dir: .*did you mean inference_dir"):
-        prepare_stages(load_config([path], ["~inference_dir", "+inferece_dir=/tmp/x"]))
+        build_stages(load_config([path], ["~inference_dir", "+inferece_dir=/tmp/x"]))
     assert not (tmp_path / "inference").exists()
 
 
 def test_keys_of_your_own_keep_working_and_a_near_miss_can_be_allowed(tmp_path):
     path = write_yaml(tmp_path / "conf.yaml", toy_config(tmp_path, fsdd_root="/data/fsdd", lm_path="/lm.bin"))
-    spec, stages = prepare_stages(load_config([path], ["+data_root=/x"]))
+    spec, stages = build_stages(load_config([path], ["+data_root=/x"]))
     assert [s.test_set for s in stages] == ["test_a"]
     allowed = load_config([path], ["+batch_sise=16", "+allow_keys=[batch_sise]"])
-    prepare_stages(allowed)  # a deliberate near-miss, listed: kept
+    build_stages(allowed)  # a deliberate near-miss, listed: kept
     from espnet3_prefect.config.load import identity_config
 
     assert "allow_keys" not in identity_config(allowed)  # listing a key does not redo finished shards

@@ -16,7 +16,7 @@ from espnet3_prefect.pipeline.plan import Shard, plan_shards
 from espnet3_prefect.pipeline.resume import plan_for
 from espnet3_prefect.pipeline.shard import drive, process_shard
 from espnet3_prefect.pipeline.sizing import require_lengths, size_on_driver
-from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.pipeline.stage import build_stages
 from tests.conftest import toy_config, write_yaml
 
 # -- the batch cutter ----------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def _stages(tmp_path, *overrides, lengths=(1.0,) * 10, batch_size=4):
     cfg = toy_config(tmp_path, n=10 if lengths is None else len(lengths), num_shards=3, batch_size=batch_size)
     if lengths is not None:
         cfg["dataset"]["test"][0]["lengths"] = list(lengths)
-    return prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], list(overrides)))[1]
+    return build_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], list(overrides)))[1]
 
 
 def test_the_key_is_checked_with_the_config_joins_the_fingerprint_and_never_reaches_the_runner(tmp_path):

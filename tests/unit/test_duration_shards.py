@@ -20,7 +20,7 @@ from espnet3_prefect.pipeline.plan import (
 )
 from espnet3_prefect.pipeline.resume import plan_for
 from espnet3_prefect.pipeline.sizing import size_on_driver
-from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.pipeline.stage import build_stages
 from tests.conftest import toy_config, write_yaml
 
 
@@ -30,7 +30,7 @@ def lognormal(n: int, seed: int = 11) -> list[float]:
 
 
 def _stages(tmp_path, cfg):
-    return prepare_stages(load_config([write_yaml(tmp_path / "inference.yaml", cfg)]))[1]
+    return build_stages(load_config([write_yaml(tmp_path / "inference.yaml", cfg)]))[1]
 
 
 def _plan(stage):

@@ -18,7 +18,7 @@ from espnet3_prefect.pipeline import lengths as lengths_module
 from espnet3_prefect.pipeline.lengths import audio_paths, header_lengths, lengths_from_files, shape_lengths
 from espnet3_prefect.pipeline.resume import plan_for
 from espnet3_prefect.pipeline.sizing import require_lengths, size_on_driver
-from espnet3_prefect.pipeline.stage import prepare_stages
+from espnet3_prefect.pipeline.stage import build_stages
 from tests.conftest import write_yaml
 
 sf = pytest.importorskip("soundfile")
@@ -206,7 +206,7 @@ def _stages(tmp_path, root, *overrides, limit=12):
     from tests.helpers.fsdd import fsdd_inference_config
 
     cfg = fsdd_inference_config(tmp_path / "inference", root, limit=limit, num_shards=3)
-    return prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], list(overrides)))[1]
+    return build_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], list(overrides)))[1]
 
 
 def test_without_max_duration_the_driver_reads_nothing_and_each_shard_reads_its_own_headers(wavs, tmp_path):
@@ -276,7 +276,7 @@ def test_with_max_duration_and_no_source_the_key_is_refused_on_one_line(tmp_path
     from tests.conftest import toy_config
 
     cfg = toy_config(tmp_path, n=6, num_shards=2, batch_size=2)
-    [stage] = prepare_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], ["+runner.max_duration=3"]))[1]
+    [stage] = build_stages(load_config([write_yaml(tmp_path / "c.yaml", cfg)], ["+runner.max_duration=3"]))[1]
     expected = r"^runner.max_duration: test set 'test_a': its dataset \(ToyDataset\) has no lengths\(\).*audio_paths"
     with pytest.raises(ConfigError, match=expected):
         size_on_driver(stage)

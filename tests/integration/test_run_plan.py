@@ -1,0 +1,64 @@
+"""One run plan per run: every front door builds it once and hands it to the flow, so the driver
+builds each test set's dataset once (before: the input check, then the flow's sizing, and the config
+validated twice behind a process-wide cache). Counted on the driver: builds in this process's main
+thread (the workers build theirs in their own processes)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import toy_config, write_yaml
+
+pytestmark = pytest.mark.slow
+
+
+def _config(tmp_path) -> dict:
+    cfg = toy_config(tmp_path, n=6, n_workers=1, num_shards=2)
+    cfg["toy"]["dataset_log"] = str(tmp_path / "datasets.log")
+    cfg["provider"]["_target_"] = "tests.helpers.toy.DatasetCountingProvider"
+    return cfg
+
+
+def _driver_builds(tmp_path) -> int:
+    log = tmp_path / "datasets.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return sum(line == f"dataset {os.getpid()} MainThread" for line in lines)
+
+
+def test_the_command_line_builds_each_dataset_once_on_the_driver(prefect_server, tmp_path):
+    from espnet3_prefect.cli import main
+
+    path = write_yaml(tmp_path / "inference.yaml", _config(tmp_path))
+    assert main(["infer", "--config", str(path)]) == 0
+    assert (tmp_path / "inference/test_a/y.scp").is_file()
+    assert _driver_builds(tmp_path) == 1  # checked before the server started, then sized by the flow
+    assert main(["infer", "--config", str(path)]) == 0  # done: answered without a server
+    assert _driver_builds(tmp_path) == 2
+
+
+def test_the_dropin_builds_each_dataset_once_on_the_driver(prefect_server, tmp_path):
+    from espnet3_prefect import infer
+
+    assert infer(OmegaConf.create(_config(tmp_path))) is None
+    assert (tmp_path / "inference/test_a/y.scp").is_file()
+    assert _driver_builds(tmp_path) == 1
+
+
+def test_the_plan_is_recorded_by_name_and_the_config_in_full(prefect_server, tmp_path):
+    """The flow run's parameters keep the config (what a re-run needs); the plan shows as a name."""
+    from prefect import get_client
+
+    from espnet3_prefect.config.load import load_config
+    from espnet3_prefect.flows.infer import infer
+    from espnet3_prefect.pipeline.run_plan import plan_run
+
+    path = write_yaml(tmp_path / "inference.yaml", _config(tmp_path))
+    plan = plan_run(load_config([str(path)]))
+    infer(config=[str(path)], plan=plan)
+    with get_client(sync_client=True) as client:
+        [run] = [r for r in client.read_flow_runs() if r.parameters.get("config") == [str(path)]]
+    assert run.parameters["plan"] == "<RunPlan>"
+    assert _driver_builds(tmp_path) == 1  # the flow sized the dataset once; nothing checked it before
