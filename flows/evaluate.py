@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from espnet3_prefect.checkpoints.checkpoint import describe_checkpoint
-from espnet3_prefect.checkpoints.evaluation import plan_evaluation
+from espnet3_prefect.checkpoints.evaluation import EvaluationPlan, plan_evaluation
 from espnet3_prefect.checkpoints.flow_runs import label_run, newer_run
 from espnet3_prefect.checkpoints.trend import (
     CHECKPOINT_PLOT_FILE,
@@ -57,6 +57,7 @@ def evaluate(
     checkpoint_key: str | None = None,
     checkpoint_sha256: str | None = None,
     latest_only: bool | None = None,
+    plan: Any = None,
 ) -> dict[str, Any]:
     """Evaluate a model: infer (subflow), metrics (subflow), history, trend artifact and plot.
 
@@ -67,7 +68,9 @@ def evaluate(
     hash the checkpoint event announced (a file changed since is evaluated as it is now, with a warning).
     ``latest_only`` (``watch-checkpoints --mode latest``): when a newer run of this deployment with
     ``latest_only`` exists (queued behind this one, or already running or done), this one passes over
-    its checkpoint (nothing decoded, no history line).
+    its checkpoint (nothing decoded, no history line). ``plan``: the
+    :class:`~espnet3_prefect.checkpoints.evaluation.EvaluationPlan` a front door in this process made
+    for these arguments (recorded as ``"<EvaluationPlan>"``); without it the flow makes its own.
 
     Returns this run's history record. Example::
 
@@ -77,7 +80,9 @@ def evaluate(
     quiet_console()  # one terminal line per task run
     enter_workdir(workdir)
     preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
-    plan = plan_evaluation(infer_config, metrics_config, infer_overrides, metrics_overrides, checkpoint, checkpoint_key)
+    asked = (infer_config, metrics_config, infer_overrides, metrics_overrides, checkpoint, checkpoint_key)
+    if not (isinstance(plan, EvaluationPlan) and plan.made_for(*asked)):  # none handed over: a deployment's run
+        plan = plan_evaluation(*asked)
     logger = get_run_logger()
     out_dir: Path = plan["inference_dir"]
     history_path, plot_path = out_dir / HISTORY_FILE, out_dir / PLOT_FILE

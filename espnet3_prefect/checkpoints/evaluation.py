@@ -21,6 +21,33 @@ from espnet3_prefect.pipeline.run_plan import plan_run
 MODEL_ID_KEY = "evaluate_model_id"
 
 
+class EvaluationPlan:
+    """What :func:`plan_evaluation` decided, read by key (``plan["inference_dir"]``), and the arguments
+    it was made for (``asked``). A front door hands it to the flow ``evaluate`` (its ``plan``
+    parameter), which then walks none of it again; slotted and not a mapping, so Prefect records it as
+    ``"<EvaluationPlan>"`` instead of copying the configs, runners and datasets it holds."""
+
+    __slots__ = ("asked", "parts")
+
+    def __init__(self, asked: tuple, parts: dict):
+        self.asked, self.parts = asked, parts
+
+    def __getitem__(self, key: str):
+        return self.parts[key]
+
+    def __iter__(self):
+        raise TypeError("an EvaluationPlan is read by key")
+
+    def made_for(self, *asked) -> bool:
+        """Whether this plan answers these arguments of :func:`plan_evaluation`."""
+        return self.asked == _asked(*asked)
+
+
+def _asked(infer_config, metrics_config, infer_overrides, metrics_overrides, checkpoint, checkpoint_key) -> tuple:
+    lists = (infer_config, metrics_config, infer_overrides, metrics_overrides)
+    return (*(tuple(as_list(x)) for x in lists), checkpoint, checkpoint_key)
+
+
 def plan_evaluation(
     infer_config,
     metrics_config,
@@ -28,7 +55,7 @@ def plan_evaluation(
     metrics_overrides=None,
     checkpoint: str | None = None,
     checkpoint_key: str | None = None,
-) -> dict:
+) -> EvaluationPlan:
     """Load and validate both configs (nothing runs); fill the metrics config from the inference one.
 
     The metrics config may omit ``inference_dir`` and ``dataset.test``: they come from the
@@ -36,6 +63,7 @@ def plan_evaluation(
     fills ``checkpoint_key`` of the inference config (:func:`~espnet3_prefect.checkpoints.checkpoint.resolve_key`)
     and the config fingerprint is taken without it (the same config across checkpoints).
     """
+    asked = _asked(infer_config, metrics_config, infer_overrides, metrics_overrides, checkpoint, checkpoint_key)
     infer_overrides = list(as_list(infer_overrides))
     ckpt = None
     if checkpoint:
@@ -78,7 +106,7 @@ def plan_evaluation(
     infer_identity = identity_config(icfg)
     if ckpt is not None:
         _drop(infer_identity, ckpt["key"])
-    return {
+    parts = {
         "inference_dir": inference_dir,
         "infer_overrides": i_overrides,
         "run_plan": run_plan,  # infer's, built once: the flow ``evaluate`` hands it to its infer subflow
@@ -88,6 +116,7 @@ def plan_evaluation(
         "checkpoint": ckpt,
         "config_fingerprint": fingerprint({"infer": infer_identity, "metrics": mplan.fingerprint}),
     }
+    return EvaluationPlan(asked, parts)
 
 
 def _drop(data: dict, dotted: str) -> None:

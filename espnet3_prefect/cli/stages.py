@@ -166,10 +166,14 @@ def run_evaluate(args: argparse.Namespace) -> int:
     i_configs, i_overrides = split_args(args.config)
     m_configs, m_overrides = split_args(args.metrics_config)
 
+    plans = []  # made once by validate(), before a server starts, and handed to the flow
+
     def validate():
         from espnet3_prefect.checkpoints.evaluation import plan_evaluation
 
-        plan_evaluation(i_configs, m_configs, i_overrides, m_overrides, args.checkpoint, args.checkpoint_key)
+        plans.append(
+            plan_evaluation(i_configs, m_configs, i_overrides, m_overrides, args.checkpoint, args.checkpoint_key)
+        )
 
     def run():
         from espnet3_prefect.flows.evaluate import evaluate
@@ -181,6 +185,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             metrics_overrides=m_overrides,
             checkpoint=args.checkpoint,
             checkpoint_key=args.checkpoint_key,
+            plan=plans[0],
         )
 
     def show(record):

@@ -101,3 +101,17 @@ def word_config(tmp_path: Path, n: int = 25, checkpoint: Path | None = None) -> 
         "runner": {"_target_": "espnet3.systems.base.inference_runner.InferenceRunner", "retries": 0},
         "parallel": {"env": "local", "n_workers": 1, "num_shards": 3},
     }
+
+
+class CountingWordOrganizer(WordOrganizer):
+    """A :class:`WordOrganizer` that logs ``<pid> <thread name>`` to ``log`` each time it is built
+    (once per ``build_dataset``)."""
+
+    def __init__(self, test=(), log=None):
+        import os
+        import threading
+
+        super().__init__(test)
+        if log:
+            with open(log, "a") as f:
+                f.write(f"dataset {os.getpid()} {threading.current_thread().name}\n")

@@ -62,3 +62,24 @@ def test_the_plan_is_recorded_by_name_and_the_config_in_full(prefect_server, tmp
         [run] = [r for r in client.read_flow_runs() if r.parameters.get("config") == [str(path)]]
     assert run.parameters["plan"] == "<RunPlan>"
     assert _driver_builds(tmp_path) == 1  # the flow sized the dataset once; nothing checked it before
+
+
+def test_evaluate_from_the_command_line_builds_the_dataset_once_on_the_driver(prefect_server, tmp_path):
+    """The command line plans the evaluation (both configs, the model's identity, infer's run plan)
+    before the server starts and hands that plan to the flow ``evaluate``, which hands infer's plan
+    to its infer subflow: one dataset build on the driver (before the run plan: three)."""
+    from espnet3_prefect.cli import main
+    from tests.helpers.wordrecipe import word_config
+
+    (tmp_path / "model.ckpt").write_text("0\n")
+    cfg = word_config(tmp_path, n=8)
+    cfg["dataset"]["_target_"] = "tests.helpers.wordrecipe.CountingWordOrganizer"
+    cfg["dataset"]["log"] = str(tmp_path / "datasets.log")
+    icfg = write_yaml(tmp_path / "inference.yaml", cfg)
+    wer = "espnet3.systems.esp2_asr.metrics.wer.WER"
+    mcfg = write_yaml(
+        tmp_path / "metrics.yaml", {"metrics": [{"metric": {"_target_": wer}, "inputs": {"ref": "ref", "hyp": "hyp"}}]}
+    )
+    assert main(["evaluate", "--config", str(icfg), "--metrics-config", str(mcfg)]) == 0
+    assert (tmp_path / "inference/evaluate_history.jsonl").is_file()
+    assert _driver_builds(tmp_path) == 1
