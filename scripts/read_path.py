@@ -11,7 +11,11 @@ OmegaConf ``DictConfig`` argument):
   change is a step), and how often a step goes back to a file already left;
 * the file sequence itself (``--show``).
 
-    .venv/bin/python scripts/read_path.py [--show]
+``--whole``: every call of ours in the driver process, from the command line's start (the front door
+too: where the run plan is built and the inputs checked before the server starts), not only inside
+the flow function.
+
+    .venv/bin/python scripts/read_path.py [--show] [--whole]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ OURS = tuple(str(ROOT / d) + os.sep for d in ("espnet3_prefect", "flows", "tasks
 def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_known_args(argv)
     show = "--show" in sys.argv
+    whole = "--whole" in sys.argv
     from omegaconf import DictConfig
 
     calls: list[tuple[str, str, bool, bool]] = []
@@ -39,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         if event not in ("call", "return"):
             return
         code = frame.f_code
-        inside = state["depth"] > 0
+        inside = state["depth"] > 0 or whole
         if event == "call" and code.co_name == "infer" and code.co_filename.endswith(os.path.join("flows", "infer.py")):
             state["depth"] += 1
             inside = True

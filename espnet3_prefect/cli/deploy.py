@@ -3,12 +3,15 @@ worker, in one step (127.0.0.1, or ``--host`` with basic auth and HTTPS); ``depl
 them (and the worker's flow runs).
 
     espnet3-prefect deploy-local [--port 4200] [--host ADDRESS] [--postgres | --database URL]
+                                 [--api-processes N]
     espnet3-prefect deploy-local --stop
 
 The runs are kept in SQLite in the state dir by default (one person). ``--postgres`` keeps them in a
 private PostgreSQL cluster started from the machine's binaries (``STATE_DIR/postgres``), ``--database
 URL`` in a PostgreSQL the lab runs (:mod:`espnet3_prefect.server.postgres`): a lab's server. The choice
 is remembered in the state dir (``database.json``), so a later ``deploy-local`` finds the same history.
+``--api-processes N`` (N > 1, on PostgreSQL) runs N API processes apart from one process of background
+services, with Redis messaging through a private ``redis-server`` (:mod:`espnet3_prefect.server.split`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from espnet3_prefect._internal.proc import pid_alive, stop_tree
 from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.cli.common import SwitchCommand, add_auth_switch, add_server_options, add_tls_switch
-from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
 from espnet3_prefect.server.postgres import STATE_SUBDIR
 
 DEFAULT_POOL = "espnet3-local"
@@ -75,6 +78,15 @@ def register(sub) -> None:
         help="keep the runs in a PostgreSQL the lab runs: postgresql://USER@HOST[:PORT]/DB, its password "
         "in ~/.pgpass or the file PGPASSFILE names, never in the URL; 'sqlite': the default, SQLite in "
         "the state dir. Remembered for later starts",
+    )
+    deploy.add_argument(
+        "--api-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N API processes on the one port, apart from one process of background services, with Redis "
+        "messaging (a private redis-server in STATE_DIR/redis; pip install 'espnet3-prefect[lab]'); "
+        "N > 1 needs --postgres or --database and serves HTTP (no --tls) (docs/lab-server.md)",
     )
     deploy.add_argument("--pool", default=DEFAULT_POOL, help="process work pool name (default %(default)s)")
     deploy.add_argument(
@@ -219,6 +231,7 @@ def deploy_local(args: argparse.Namespace) -> int:
     with_auth = auth_required(address, args.auth)
     wanted = {"wanted_host": address if args.host else None, "wanted_auth": with_auth, "wanted_tls": with_tls}
     choice = _database_choice(args, home)
+    _check_api_processes(args.api_processes, choice, with_tls)
     current = read_json(home / STATE_FILE)
     if current and pid_alive(current.get("worker_pid", -1)) and running_server(home):
         _same_database(home, running_server(home), choice)
@@ -231,12 +244,12 @@ def deploy_local(args: argparse.Namespace) -> int:
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     info = running_server(home)
-    if info is not None and info.get("services", "all") != "all":
+    if info is not None and info.get("services", "all") not in ("all", "none"):
         raise Espnet3PrefectError(
             f"the Prefect server of {home} (pid {info['pid']}) was started by a run without "
             f"the deployment scheduler; deploy-local once that run has ended"
         )
-    database = None
+    database, split = None, {}
     if info is not None:
         _same_database(home, info, choice)
     else:
@@ -244,7 +257,14 @@ def deploy_local(args: argparse.Namespace) -> int:
 
         was_running = running_postgres(home / POSTGRES_DIR) if choice["kind"] == "postgres" else None
         database = _open_database(choice, home)
+        redis = None
         try:
+            server_kwargs = {}
+            if args.api_processes > 1:
+                from espnet3_prefect.server.split import prepare_split
+
+                redis, env = prepare_split(home, args.api_processes, database)
+                server_kwargs = {"services": "none", "extra_env": env, "api_processes": args.api_processes}
             info = start_recorded(
                 home,
                 ui=True,
@@ -254,8 +274,13 @@ def deploy_local(args: argparse.Namespace) -> int:
                 tls=with_tls,
                 given_host=args.host,
                 database=database,
+                **server_kwargs,
             )
+            if redis is not None:
+                split = _start_split_services(home, info, redis, server_kwargs["extra_env"])
         except BaseException:
+            if redis is not None:
+                redis.stop()
             if database is not None and database.pid and was_running is None:
                 stop_postgres(database.pid)  # started for this server only: nothing left behind
             raise
@@ -317,6 +342,9 @@ def deploy_local(args: argparse.Namespace) -> int:
         "auth": bool(creds.auth_string),
         "database": info.get("database"),  # a PostgreSQL URL (no password in it); None: SQLite
         "postgres_pid": database.pid if database is not None else None,  # the private cluster, stopped by --stop
+        # a split server (--api-processes N): its services process and its Redis, stopped by --stop
+        "api_processes": info.get("api_processes", 1),
+        **split,
     }
     atomic_write_text(home / STATE_FILE, json.dumps(state, indent=2))
     try:
@@ -335,6 +363,39 @@ def deploy_local(args: argparse.Namespace) -> int:
         f"worker {timings['worker_s']:.1f} s)",
     )
     return 0
+
+
+def _check_api_processes(n: int, choice: dict, with_tls: bool) -> None:
+    """``--api-processes``: a positive count; more than one needs PostgreSQL, plain HTTP, prefect-redis."""
+    if n < 1:
+        raise ConfigError(f"--api-processes: {n} is not a positive number of API processes")
+    if n == 1:
+        return
+    if choice["kind"] == "sqlite":
+        raise ConfigError(f"--api-processes: {n} API processes need PostgreSQL; add --postgres or --database URL")
+    if with_tls:
+        raise ConfigError(
+            f"--api-processes: {n} API processes serve HTTP only; drop --tls (and keep --host on loopback, "
+            "where HTTPS is not required), or run one API process"
+        )
+    from espnet3_prefect.server.redis import check_prefect_redis, redis_executable
+
+    check_prefect_redis()
+    redis_executable()  # a missing redis-server is named here, before anything starts
+
+
+def _start_split_services(home: Path, info: dict, redis, env: dict[str, str]) -> dict:
+    """The background services of a split server (one process), beside its API; stops the API again
+    if they fail to start. Returns what ``--stop`` needs: their pid and Redis's."""
+    from espnet3_prefect.server.process import stop_server
+    from espnet3_prefect.server.split import start_services
+
+    try:
+        services = start_services(home, env)
+    except BaseException:
+        stop_server(info["pid"])
+        raise
+    return {"services_pid": services.pid, "redis_pid": redis.pid}
 
 
 def _same_database(home: Path, info: dict, choice: dict) -> None:
@@ -371,6 +432,11 @@ def _print_ready(state: dict, headline: str) -> None:
         )
     db, cluster = state.get("database"), state.get("postgres_pid")
     print(f"  runs in: {db or 'SQLite (state dir)'}" + (f" (private PostgreSQL, pid {cluster})" if cluster else ""))
+    if state.get("api_processes", 1) > 1:
+        print(
+            f"  split:   {state['api_processes']} API processes (pid {state['server_pid']}), services pid "
+            f"{state.get('services_pid')}, Redis pid {state.get('redis_pid')}"
+        )
     print(f"  worker:  pid {state['worker_pid']} on process pool {state['pool']!r} (log {state['worker_log']})")
     print(f"  project: {state['project_dir']}")
     print("  try:     prefect deployment run infer/local --watch")
@@ -409,6 +475,7 @@ def stop_local(args: argparse.Namespace) -> int:
     (home / "users" / str(state["server_pid"])).unlink(missing_ok=True)
     (registry_dir() / f"{state['server_pid']}.json").unlink(missing_ok=True)
     forget_server(home, state["server_pid"], state["api_url"])  # its record, credential and certificate
+    stopped += _stop_split(home, state)
     cluster = running_postgres(home / POSTGRES_DIR)  # the recorded pid, if it still is that cluster's
     if state.get("postgres_pid") and cluster is not None and cluster.pid == state["postgres_pid"]:
         stop_postgres(cluster.pid)
@@ -416,3 +483,21 @@ def stop_local(args: argparse.Namespace) -> int:
     (home / STATE_FILE).unlink(missing_ok=True)
     print("stopped " + (", ".join(stopped) if stopped else "nothing (already gone)"))
     return 0
+
+
+def _stop_split(home: Path, state: dict) -> list[str]:
+    """A split server's services (SIGINT: the recorder writes what it holds), then its Redis, by the
+    pids ``deploy-local`` recorded; after the API, so nothing new comes in."""
+    from espnet3_prefect._internal.proc import stop_group
+    from espnet3_prefect.server.redis import REDIS_DIR
+    from espnet3_prefect.server.split import stop_services
+
+    stopped = []
+    if state.get("services_pid") and pid_alive(state["services_pid"]):
+        stop_services(state["services_pid"])
+        stopped.append(f"services pid {state['services_pid']}")
+    if state.get("redis_pid") and pid_alive(state["redis_pid"]):
+        stop_group(state["redis_pid"], 20)
+        (home / REDIS_DIR / "redis.pid").unlink(missing_ok=True)
+        stopped.append(f"Redis pid {state['redis_pid']}")
+    return stopped

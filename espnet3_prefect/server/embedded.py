@@ -222,12 +222,16 @@ def start_recorded(
     services: str = "all",
     guard_parent: int | None = None,
     database: Database | None = None,
+    extra_env: dict[str, str] | None = None,
+    api_processes: int = 1,
 ) -> dict:
     """Start a server for ``home`` (with a new credential when ``auth``, serving HTTPS with a new
     certificate naming ``host`` and ``given_host`` when ``tls``, running ``services``, under a guard
     that stops it once the process ``guard_parent`` has died, see :func:`start_server`), write its 0600
     client file (when ``auth`` or ``tls``) and record it in ``home/server.json``; return that record.
-    ``database``: a PostgreSQL to keep the runs in (:mod:`~espnet3_prefect.server.postgres`), else SQLite."""
+    ``database``: a PostgreSQL to keep the runs in (:mod:`~espnet3_prefect.server.postgres`), else SQLite.
+    ``extra_env`` and ``api_processes``: a split server's API (:func:`~espnet3_prefect.server.split.prepare_split`),
+    with ``services="none"``."""
     from espnet3_prefect.disk.client_file import ClientCredentials, client_file, write_client_file
     from espnet3_prefect.server.auth import new_auth_string
     from espnet3_prefect.server.https import ServerTLS
@@ -245,6 +249,8 @@ def start_recorded(
             services=services,
             guard_parent=guard_parent,
             database=database,
+            extra_env=extra_env,
+            api_processes=api_processes,
         )
     except BaseException:
         if certs is not None:
@@ -261,6 +267,7 @@ def start_recorded(
         "ssl_cert_file": str(certs.ca_file) if certs else None,
         "services": services,
         "database": database.url if database is not None else None,
+        "api_processes": api_processes,
     }
     if auth or tls:
         write_client_file(client_file(home), ClientCredentials(url, auth_string, ssl_cert_file=info["ssl_cert_file"]))

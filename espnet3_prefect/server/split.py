@@ -151,6 +151,31 @@ class SplitServer:
         atomic_write_text(self.home / SPLIT_RECORD, json.dumps({"api_url": self.api_url, "pids": self.pids()}))
 
 
+def prepare_split(home: Path, api_processes: int, database: Database | None) -> tuple[RedisServer, dict[str, str]]:
+    """What comes before the API processes of a split server: Redis started, the database migrated
+    once, Prefect's block types registered once (with more than one API process); returns Redis and
+    the environment every process of the server gets. Redis is stopped again if a later step fails."""
+    check_prefect_redis()
+    if api_processes > 1 and database is None:
+        raise Espnet3PrefectError(
+            f"api_processes: {api_processes} API processes need PostgreSQL (a database); SQLite takes one"
+        )
+    home.mkdir(parents=True, exist_ok=True)
+    redis = start_redis(home)
+    try:
+        env = split_environ(home, redis, database)
+        migrate(env)
+        if api_processes > 1:
+            register_blocks_once(home, env)
+            # each of N processes would register Prefect's block types at its start, all at once: the
+            # second insert of a slug fails, that process's startup fails, and uvicorn stops them all
+            env = {**env, "PREFECT_API_BLOCKS_REGISTER_ON_START": "false"}
+    except BaseException:
+        redis.stop()
+        raise
+    return redis, env
+
+
 def start_split_server(
     home: Path,
     *,
@@ -167,22 +192,9 @@ def start_split_server(
     ``api_processes`` > 1); ``None``: SQLite in ``home``. Whatever fails to start is stopped again
     before the error is raised.
     """
-    check_prefect_redis()
-    if api_processes > 1 and database is None:
-        raise Espnet3PrefectError(
-            f"api_processes: {api_processes} API processes need PostgreSQL (a database); SQLite takes one"
-        )
-    home.mkdir(parents=True, exist_ok=True)
-    redis = start_redis(home)
+    redis, env = prepare_split(home, api_processes, database)
     started: list = []
     try:
-        env = split_environ(home, redis, database)
-        migrate(env)
-        if api_processes > 1:
-            register_blocks_once(home, env)
-            # each of N processes would register Prefect's block types at its start, all at once: the
-            # second insert of a slug fails, that process's startup fails, and uvicorn stops them all
-            env = {**env, "PREFECT_API_BLOCKS_REGISTER_ON_START": "false"}
         api, api_url = start_server(home, port, ui, services="none", extra_env=env, api_processes=api_processes)
         started.append(api)
         server = SplitServer(home=home, api_url=api_url, api=api, services=None, redis=redis, env=env)

@@ -85,6 +85,7 @@ def _deploy(env: dict, project: Path, *options: str) -> subprocess.CompletedProc
 
 def _family(state: dict) -> dict[int, str]:
     pids = [state["worker_pid"], state["server_pid"], state["postgres_pid"]]
+    pids += [state[key] for key in ("services_pid", "redis_pid") if state.get(key)]  # a split server's
     found = {}
     for pid in pids:
         for member in (pid, *descendants(pid)):
@@ -107,6 +108,17 @@ def _stop(env: dict, state: dict, data: Path) -> str:
     ]  # the postmaster names its data folder; its backends are its children (gone above)
     assert leftovers == []
     return stop.stdout
+
+
+def _redis_available() -> bool:
+    """redis-server and prefect-redis here (CI has both: E3P_REQUIRE_REDIS=1 fails without them)."""
+    import importlib.util
+    import os
+
+    there = bool(shutil.which("redis-server")) and importlib.util.find_spec("prefect_redis") is not None
+    if not there and os.environ.get("E3P_REQUIRE_REDIS") == "1":
+        pytest.fail("redis-server or prefect-redis missing; E3P_REQUIRE_REDIS=1")
+    return there
 
 
 def _read(path: Path) -> bytes:
@@ -175,7 +187,10 @@ def test_deploy_local_postgres_two_runs_at_once_history_kept_nothing_left():
         data = home / "postgres" / "data"
         outputs.append(_stop(env, state, data))
 
-        again = _deploy(env, project)  # no option: the state dir remembers --postgres
+        # no database option: the state dir remembers --postgres; this time 2 API processes apart
+        # from the services, with Redis messaging (a lab that outgrew one API process)
+        split = _redis_available()
+        again = _deploy(env, project, *(("--api-processes", "2") if split else ()))
         assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
         outputs.append(again.stdout + again.stderr)
         state = json.loads((home / "deploy-local.json").read_text())
@@ -183,7 +198,30 @@ def test_deploy_local_postgres_two_runs_at_once_history_kept_nothing_left():
         after = {r["id"] for r in _post(state["api_url"], "flow_runs/filter", finished)}
         assert before <= after  # every run's history kept
         assert _post(state["api_url"], "task_runs/count", {}) >= tasks_before
-        outputs.append(_stop(env, state, data))
+        if split:
+            assert state["api_processes"] == 2 and state["services_pid"] and state["redis_pid"]
+            assert f"split:   2 API processes (pid {state['server_pid']})" in again.stdout
+            api_children = [
+                c
+                for c in _family({**state, "worker_pid": state["server_pid"]}).values()
+                if "uvicorn" in c or "multiprocessing" in c
+            ]
+            assert len(api_children) >= 2, _family(state)  # the API processes, apart from the services
+            folder = base / "carol"
+            folder.mkdir()
+            cfg = write_yaml(folder / "inference.yaml", toy_config(folder, n=12, num_shards=4))
+            done = subprocess.run(
+                [*CLI, "infer", "--config", str(cfg)], env=env, cwd=folder, capture_output=True, text=True, timeout=400
+            )
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+            outputs.append(done.stdout + done.stderr)
+            [run_id] = writer_runs([folder / "inference"])
+            api = state["api_url"]
+            wait_for(lambda: _completed_shards(api, run_id) == 4, 10, "the split server's run recorded")
+        stopped = _stop(env, state, data)
+        if split:
+            assert f"services pid {state['services_pid']}" in stopped and f"Redis pid {state['redis_pid']}" in stopped
+        outputs.append(stopped)
         state = None
     finally:
         sampler.stop()

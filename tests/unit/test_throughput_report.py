@@ -83,3 +83,28 @@ def test_the_gpu_sampler_claims_nothing_without_a_gpu_and_leaves_no_thread():
     else:
         assert gpu.result() is None  # no GPU (or no NVML): the summary claims nothing
     assert "e3p-gpu-busy" not in {t.name for t in threading.enumerate()}
+
+
+def test_on_a_gpu_the_sampler_tells_a_busy_device_from_an_idle_one():
+    """NVML's counter on a real device: a second of back-to-back matmuls reads mostly busy, a second
+    of sleep mostly idle (the GPU part of issue 40, run by benchmarks/gpu_payload/oom_check.sh)."""
+    import importlib.util
+    import time
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or importlib.util.find_spec("pynvml") is None:
+        pytest.skip("needs a CUDA GPU and nvidia-ml-py (pip install 'espnet3-prefect[gpu]')")
+    x = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    time.sleep(1.0)  # NVML averages over its own period: let the warm-up leave it
+    with GpuBusy(every_s=0.05) as idle:
+        time.sleep(1.0)
+    with GpuBusy(every_s=0.05) as busy:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            x = (x @ x).tanh()
+        torch.cuda.synchronize()
+    assert idle.result()["samples"] >= 5 and busy.result()["samples"] >= 5
+    assert busy.result()["busy"] > 0.5 > idle.result()["busy"], (busy.result(), idle.result())
