@@ -16,7 +16,6 @@ process-wide cache keyed by the config's YAML text (``tests/integration/test_run
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from omegaconf import DictConfig
@@ -26,8 +25,6 @@ from espnet3_prefect.pipeline.precheck import check_inputs_before_start
 from espnet3_prefect.pipeline.resume import all_complete
 from espnet3_prefect.pipeline.sizing import Sizing, checked_dataset, size_dataset
 from espnet3_prefect.pipeline.stage import Stage, build_stages
-
-log = logging.getLogger("espnet3_prefect")
 
 
 class RunPlan:
