@@ -26,6 +26,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,7 @@ def drive(
     in_order = None if hand_over is None else InOrder(hand_over, getattr(runner_cls, "__qualname__", "runner"))
     if in_order is None:
         halving = None  # upstream's batches: an out-of-memory error fails them as upstream's infer() would
+    calls = _ForwardCalls(hooks.forward, forward_env, on_error, failures, idx_key, label_env, halving)
     try:
         try:
             for position, unit in enumerate(units):
@@ -246,12 +248,7 @@ def drive(
                     prefetcher.advance(position)
                     stalled = prefetcher.inline_wait_s
                 began = clock()
-                if in_order is None:
-                    results = _forward(hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env)
-                else:
-                    results = _forward_in_order(
-                        in_order, hooks.forward, unit, forward_env, on_error, failures, idx_key, label_env, halving
-                    )
+                results = calls.run(unit) if in_order is None else calls.run_in_order(unit, in_order)
                 reduced = clock()
                 timing.forward_s += reduced - began - (prefetcher.inline_wait_s - stalled if prefetcher else 0.0)
                 for result in results:
@@ -299,93 +296,70 @@ class _Peek:
         return self._prefetcher.peek(key)
 
 
-def _forward_in_order(
-    in_order: InOrder,
-    forward: Callable,
-    unit: Unit,
-    env: dict,
-    on_error: str,
-    failures: list,
-    idx_key: str,
-    label_env: dict,
-    halving: Halving | None = None,
-) -> list:
-    """:func:`_forward` for batches by duration: the unit's results (per item) and failures go to
-    ``in_order``; what it can hand on now, in dataset order, is returned. A batch that runs out of
-    memory is split in halves (``halving``)."""
-    known = len(failures)
-    for part, result in _forward_parts(forward, unit, env, on_error, failures, idx_key, label_env, halving):
-        in_order.add(part, result)
-        if halving is not None:
-            halving.ran.append(part if isinstance(part, list) else [part])
-    for failure in failures[known:]:
-        in_order.fail(failure["idx"])
-    return list(in_order.ready())
+@dataclass
+class _ForwardCalls:
+    """``forward`` called on a shard's units, with what every call shares: the env it is given, the
+    ``on_error`` policy and the failures list it fills, where error messages read the utterance ids
+    (``label_env``, under ``idx_key``) and, for batches by duration, the halving of a batch that runs
+    out of memory (``halving``; None: upstream's batches, an OOM fails as any error does)."""
 
+    forward: Callable
+    env: dict
+    on_error: str
+    failures: list
+    idx_key: str
+    label_env: dict
+    halving: Halving | None = None
 
-def _forward(
-    forward: Callable, unit: Unit, env: dict, on_error: str, failures: list, idx_key: str, label_env: dict | None = None
-) -> list:
-    """``[result]`` for one unit; under ``on_error: skip`` a failing batch is retried item by item
-    (as one-item batches, the shape ``forward`` expects) and failing items are left out.
-    ``label_env``: where error messages read the utterance ids (default ``env``)."""
-    return [result for _, result in _forward_parts(forward, unit, env, on_error, failures, idx_key, label_env)]
+    def run(self, unit: Unit) -> list:
+        """``[result]`` for one unit; under ``on_error: skip`` a failing batch is retried item by item
+        (as one-item batches, the shape ``forward`` expects) and failing items are left out."""
+        return [result for _, result in self.parts(unit, halving=None)]
 
+    def run_in_order(self, unit: Unit, in_order: InOrder) -> list:
+        """:meth:`run` for batches by duration: the unit's results (per item) and failures go to
+        ``in_order``; what it can hand on now, in dataset order, is returned. A batch that runs out of
+        memory is split in halves."""
+        known = len(self.failures)
+        for part, result in self.parts(unit, self.halving):
+            in_order.add(part, result)
+            if self.halving is not None:
+                self.halving.ran.append(part if isinstance(part, list) else [part])
+        for failure in self.failures[known:]:
+            in_order.fail(failure["idx"])
+        return list(in_order.ready())
 
-def _forward_parts(
-    forward: Callable,
-    unit: Unit,
-    env: dict,
-    on_error: str,
-    failures: list,
-    idx_key: str,
-    label_env: dict | None = None,
-    halving: Halving | None = None,
-) -> list[tuple[Unit, Any]]:
-    """:func:`_forward` with each result's unit: ``[(unit, result)]``, or the one-item batches that
-    succeeded when a batch was retried item by item, or the halves of a batch that ran out of memory
-    (``halving``, batches by duration only; a single item that does not fit fails as any item does)."""
-    label_env = env if label_env is None else label_env
-    try:
-        return [(unit, call_with_env(forward, unit, env=env))]
-    except (ConfigError, DiskFullError):
-        raise
-    except Exception as exc:
-        if no_space(exc) is not None:  # not the item's fault: every item would fail ("skip" too)
+    def parts(self, unit: Unit, halving: Halving | None) -> list[tuple[Unit, Any]]:
+        """``[(unit, result)]``, or the one-item batches that succeeded when a batch was retried item by
+        item, or the halves of a batch that ran out of memory (``halving``; a single item that does not
+        fit fails as any item does)."""
+        try:
+            return [(unit, call_with_env(self.forward, unit, env=self.env))]
+        except (ConfigError, DiskFullError):
             raise
-        if halving is not None and isinstance(unit, list) and len(unit) > 1 and is_out_of_memory(exc):
-            halving.split(unit_label(unit, label_env, idx_key), len(unit), exc)
-        else:
-            return _failed(forward, unit, env, on_error, failures, idx_key, label_env, exc)
-    # out of the except block: the failed batch's traceback (and the tensors it holds) is gone
-    return [
-        part
-        for half in halves(unit)
-        for part in _forward_parts(forward, half, env, on_error, failures, idx_key, label_env, halving)
-    ]
+        except Exception as exc:
+            if no_space(exc) is not None:  # not the item's fault: every item would fail ("skip" too)
+                raise
+            if halving is not None and isinstance(unit, list) and len(unit) > 1 and is_out_of_memory(exc):
+                halving.split(unit_label(unit, self.label_env, self.idx_key), len(unit), exc)
+            else:
+                return self.failed(unit, exc)
+        # out of the except block: the failed batch's traceback (and the tensors it holds) is gone
+        return [part for half in halves(unit) for part in self.parts(half, halving)]
 
-
-def _failed(
-    forward: Callable,
-    unit: Unit,
-    env: dict,
-    on_error: str,
-    failures: list,
-    idx_key: str,
-    label_env: dict,
-    exc: Exception,
-) -> list[tuple[Unit, Any]]:
-    """A unit whose ``forward`` raised ``exc``: raised again naming its items, or under ``on_error: skip``
-    retried item by item, the failing items recorded in ``failures``."""
-    if on_error != "skip":
-        raise ItemError(
-            f"{unit_label(unit, label_env, idx_key)}: {describe(exc)}", retryable=is_retryable(exc)
-        ) from exc
-    if isinstance(unit, list) and len(unit) > 1:
-        return [p for i in unit for p in _forward_parts(forward, [i], env, on_error, failures, idx_key, label_env)]
-    index = unit[0] if isinstance(unit, list) else unit
-    failures.append({"idx": index, "item": unit_label(unit, label_env, idx_key), "error": describe(exc)})
-    return []
+    def failed(self, unit: Unit, exc: Exception) -> list[tuple[Unit, Any]]:
+        """A unit whose ``forward`` raised ``exc``: raised again naming its items, or under ``on_error:
+        skip`` retried item by item, the failing items recorded in ``failures``."""
+        if self.on_error != "skip":
+            raise ItemError(
+                f"{unit_label(unit, self.label_env, self.idx_key)}: {describe(exc)}", retryable=is_retryable(exc)
+            ) from exc
+        if isinstance(unit, list) and len(unit) > 1:
+            return [p for i in unit for p in self.parts([i], halving=None)]
+        index = unit[0] if isinstance(unit, list) else unit
+        label = unit_label(unit, self.label_env, self.idx_key)
+        self.failures.append({"idx": index, "item": label, "error": describe(exc)})
+        return []
 
 
 def unit_label(unit: Unit, env: dict, idx_key: str = "utt_id") -> str:
