@@ -441,7 +441,8 @@ def rows(kind: str, size: Sizes, r: dict) -> list[tuple[str, float, str, str]]:
             "1.0",
             f"{conc['at_end']} at the end, {conc['after_restart_10s']} after the restart, {conc['settled']} settled, "
             f"of {expected} sent; wall {conc['wall_s']:.1f} s; failed runs {conc['failed']}, "
-            f"'{LOCKED}' {conc['locked']}; runs ended with task runs unrecorded {len(conc.get('unrecorded_at_end', []))}",
+            f"'{LOCKED}' {conc['locked']}; runs ending with task runs unrecorded "
+            f"{len(conc.get('unrecorded_at_end', []))}",
         ),
         (
             f"{label}: sustained task runs/s (recorded within 1 s) / a 64-worker 10-s-shard run's need",
