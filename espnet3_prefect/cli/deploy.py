@@ -2,8 +2,7 @@
 worker, in one step (127.0.0.1, or ``--host`` with basic auth and HTTPS); ``deploy-local --stop`` ends
 them (and the worker's flow runs).
 
-    espnet3-prefect deploy-local [--port 4200] [--host ADDRESS] [--postgres | --database URL]
-                                 [--api-processes N]
+    espnet3-prefect deploy-local [--port 4200] [--host ADDRESS] [--postgres | --database URL] [--api-processes N]
     espnet3-prefect deploy-local --stop
 
 The runs are kept in SQLite in the state dir by default (one person). ``--postgres`` keeps them in a
