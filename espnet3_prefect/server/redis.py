@@ -38,6 +38,20 @@ PREFECT_REDIS_MODULES = {
     "PREFECT_SERVER_EVENTS_CAUSAL_ORDERING": "prefect_redis.ordering",
     "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect_redis.lease_storage",
 }
+#: How each publisher of prefect-redis hands messages to Redis: one at a time, by the coroutine that
+#: got them, with no background flush. prefect-redis 0.3.0's publisher holds up to 5 messages and
+#: flushes the rest every 10 s from a background task, so the last events of a client that stays
+#: connected (a run's last shards, sent over its open websocket) wait in an API process for up to
+#: 10 s, where the task-run recorder cannot read them: as long as the flow waits for its task runs
+#: (``run_states.wait_until_recorded``, 10 s). Tested: 3 events are in the stream at once with these
+#: settings, none until the client disconnects without them (``tests/integration/test_split_server.py``).
+#: Besides, that flush takes its batch, awaits Redis, then empties the batch, so a message added
+#: meanwhile would be dropped; a pump of 2,000 events did not show it, and one task run of 2,008 went
+#: missing at full size (docs/benchmarks.md) before this setting, cause not proven.
+SAFE_PUBLISHER = {
+    "PREFECT_REDIS_MESSAGING_PUBLISHER_BATCH_SIZE": "1",
+    "PREFECT_REDIS_MESSAGING_PUBLISHER_PUBLISH_EVERY": str(365 * 24 * 3600),  # seconds: never, in practice
+}
 
 
 def redis_executable() -> str:
@@ -80,6 +94,7 @@ class RedisServer:
         """The variables that point a Prefect server process (API or services) at this Redis."""
         return {
             **PREFECT_REDIS_MODULES,
+            **SAFE_PUBLISHER,
             "PREFECT_REDIS_MESSAGING_HOST": self.host,
             "PREFECT_REDIS_MESSAGING_PORT": str(self.port),
             "PREFECT_REDIS_MESSAGING_DB": "0",

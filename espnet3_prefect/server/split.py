@@ -34,7 +34,7 @@ from espnet3_prefect._internal.proc import pid_alive, run_command, stop_group
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.postgres import Database
 from espnet3_prefect.server.process import prefect_executable, start_server, stop_server
-from espnet3_prefect.server.redis import RedisServer, check_prefect_redis, start_redis
+from espnet3_prefect.server.redis import SAFE_PUBLISHER, RedisServer, check_prefect_redis, start_redis
 from espnet3_prefect.server.services import BATCHED
 from espnet3_prefect.server.state_home import PREFECT_HOME_DIR
 
@@ -50,6 +50,9 @@ def split_environ(home: Path, redis: RedisServer, database: Database | None) -> 
     environment says otherwise."""
     env = {name: value for name, value in BATCHED.items() if name not in os.environ}
     env.update(redis.prefect_environ())
+    for name in SAFE_PUBLISHER:  # a publisher that batches drops events (redis.SAFE_PUBLISHER): ours wins
+        if os.environ.get(name, env[name]) != env[name]:
+            log.warning("%s=%s is not used: the split server publishes one message at a time", name, os.environ[name])
     env["PREFECT_HOME"] = str(home / PREFECT_HOME_DIR)
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["PREFECT_API_DATABASE_MIGRATE_ON_START"] = "false"

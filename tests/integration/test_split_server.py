@@ -10,6 +10,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,37 @@ def test_two_api_processes_on_postgresql_record_every_task_run_of_two_runs_at_on
         assert not [pid for pid in [*pids.values(), *(p.pid for p in serving)] if pid_alive(pid)]
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_an_event_reaches_the_redis_stream_when_it_is_sent_not_seconds_later(tmp_path):
+    """prefect-redis's publisher holds up to 5 messages and flushes the rest every 10 s from a
+    background task: the last events of a client that stays connected (a run's last shards) wait in
+    an API process, where the recorder cannot read them. Under the settings every split server gets
+    (``redis.SAFE_PUBLISHER``: one message at a time, no background flush) 3 events are in the stream
+    while the client is still connected; under Prefect's defaults none are until it disconnects."""
+    from espnet3_prefect.server.redis import SAFE_PUBLISHER, start_redis
+
+    redis = start_redis(tmp_path / "state")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update(redis.prefect_environ(), PYTHONPATH=str(ROOT))
+        assert set(SAFE_PUBLISHER) <= set(redis.prefect_environ())
+
+        def pump(settings: dict) -> list[int]:
+            run = subprocess.run(
+                [sys.executable, "-m", "tests.helpers.redis_pump", "3", "2"],
+                env={**env, **settings},
+                capture_output=True,
+                text=True,
+                timeout=300,
+                cwd=ROOT,
+            )
+            assert run.returncode == 0, run.stderr[-3000:]
+            return [int(x) for x in run.stdout.split()[-2:]]
+
+        assert pump({}) == [3, 3]  # ours: in the stream at once
+        prefect_defaults = {name: "" for name in SAFE_PUBLISHER}
+        env = {k: v for k, v in env.items() if k not in prefect_defaults}
+        assert pump({}) == [3, 6]  # Prefect's: held in the API process until the client disconnects
+    finally:
+        redis.stop()
