@@ -192,6 +192,8 @@ def test_a_batch_backend_keeps_ctrl_c_handled_after_it_imports_dask_jobqueue():
 
     probe = (
         "import signal, sys\n"
+        # a suite started in the background inherits SIGINT ignored: Python's own handler first
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from espnet3_prefect.execution import backends\n"
         "backends.get('slurm').valid_options()\n"
         "backends.get('sge').load_cluster_class()\n"
