@@ -16,7 +16,7 @@ from espnet3_prefect.config.load import fingerprint, identity_config, load_confi
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.metrics.history import model_identity
 from espnet3_prefect.metrics.prepare import prepare_metrics
-from espnet3_prefect.pipeline.run_plan import plan_run
+from espnet3_prefect.pipeline.run_plan import left_on_the_driver, plan_run
 
 MODEL_ID_KEY = "evaluate_model_id"
 
@@ -37,6 +37,10 @@ class EvaluationPlan:
 
     def __iter__(self):
         raise TypeError("an EvaluationPlan is read by key")
+
+    def __reduce__(self):
+        # a flow parameter travels with every task of the flow run: this plan stays on the driver
+        return (left_on_the_driver, ())
 
     def made_for(self, *asked) -> bool:
         """Whether this plan answers these arguments of :func:`plan_evaluation`."""

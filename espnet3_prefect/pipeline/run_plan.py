@@ -45,6 +45,14 @@ class RunPlan:
         self._datasets: dict[str, Any] = {}
         self._sizings: dict[str, Sizing | None] = {}
 
+    def __reduce__(self):
+        # Prefect ships the flow run's parameters to the workers with every task (the flow-run
+        # context): the plan stays on the driver, a task sees None. Pickled whole it would carry the
+        # runners and the datasets to every task, and a dataset whose class lives in a module the
+        # workers cannot import (ESPnet3 loads a recipe's local dataset/ under a synthetic name)
+        # killed every worker as it unpickled its first task (found by tests/realespnet/test_mini_an4.py).
+        return (left_on_the_driver, ())
+
     def __repr__(self) -> str:
         names = ", ".join(s.test_set for s in self.stages)
         return f"RunPlan(env={self.spec.env!r}, n_workers={self.spec.n_workers}, test sets: {names})"
@@ -81,6 +89,16 @@ class RunPlan:
         return all_complete(self.stages, sizing_of=self.sizing)
 
 
+def left_on_the_driver() -> None:
+    """What a plan (or any object that stays on the driver) unpickles to elsewhere: nothing.
+
+    >>> import pickle
+    >>> pickle.loads(pickle.dumps(RunPlan(None, None, []))) is None
+    True
+    """
+    return None
+
+
 def plan_run(config: DictConfig) -> RunPlan:
     """Validate the loaded infer ``config`` and build its :class:`RunPlan` (nothing runs yet).
 
@@ -94,4 +112,4 @@ def plan_run(config: DictConfig) -> RunPlan:
     return RunPlan(config, spec, stages)
 
 
-__all__ = ["RunPlan", "plan_run"]
+__all__ = ["RunPlan", "left_on_the_driver", "plan_run"]

@@ -256,3 +256,23 @@ class DatasetCountingProvider(CountingProvider):
 
         _append(config.get("toy", {}).get("dataset_log"), f"dataset {os.getpid()} {threading.current_thread().name}")
         return CountingProvider.build_dataset(config)
+
+
+class SyntheticModuleProvider(DatasetCountingProvider):
+    """Its dataset's class lives in a module loaded under a name workers cannot import
+    (:mod:`tests.helpers.synthetic_dataset` as ``_e3p_synthetic_dataset``), as a recipe's local dataset
+    does under ESPnet3 202611; each process that builds it loads that module itself."""
+
+    @staticmethod
+    def build_dataset(config):
+        import importlib.util
+        import sys
+        from pathlib import Path
+
+        name = "_e3p_synthetic_dataset"
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("synthetic_dataset.py"))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        return sys.modules[name].Wrapped(DatasetCountingProvider.build_dataset(config))

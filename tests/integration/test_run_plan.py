@@ -83,3 +83,23 @@ def test_evaluate_from_the_command_line_builds_the_dataset_once_on_the_driver(pr
     assert main(["evaluate", "--config", str(icfg), "--metrics-config", str(mcfg)]) == 0
     assert (tmp_path / "inference/evaluate_history.jsonl").is_file()
     assert _driver_builds(tmp_path) == 1
+
+
+def test_a_dataset_whose_module_workers_cannot_import_stays_on_the_driver(prefect_server, tmp_path):
+    """Prefect sends a flow run's parameters with every task; the plan holds the driver's datasets.
+    A dataset class from a module loaded under a synthetic name (as ESPnet3 loads a recipe's local
+    dataset/) killed every worker as it unpickled its first task. The plan pickles to nothing."""
+    import pickle
+
+    from espnet3_prefect import infer
+    from espnet3_prefect.config.load import load_config
+    from espnet3_prefect.pipeline.run_plan import plan_run
+
+    cfg = _config(tmp_path)
+    cfg["provider"]["_target_"] = "tests.helpers.toy.SyntheticModuleProvider"
+    plan = plan_run(load_config([str(write_yaml(tmp_path / "inference.yaml", cfg))]))
+    plan.check_inputs()  # the dataset built on the driver, kept in the plan
+    assert type(plan.dataset(plan.stages[0])).__module__ == "_e3p_synthetic_dataset"
+    assert len(pickle.dumps(plan)) < 200 and pickle.loads(pickle.dumps(plan)) is None
+    assert infer(OmegaConf.create(cfg)) is None  # before the fix: no worker left, the run hung
+    assert (tmp_path / "inference/test_a/y.scp").read_text().count("\n") == 6
