@@ -487,8 +487,7 @@ def stop_local(args: argparse.Namespace) -> int:
 def _stop_split(home: Path, state: dict) -> list[str]:
     """A split server's services (SIGINT: the recorder writes what it holds), then its Redis, by the
     pids ``deploy-local`` recorded; after the API, so nothing new comes in."""
-    from espnet3_prefect._internal.proc import stop_group
-    from espnet3_prefect.server.redis import REDIS_DIR
+    from espnet3_prefect.server.redis import REDIS_DIR, stop_redis
     from espnet3_prefect.server.split import stop_services
 
     stopped = []
@@ -496,7 +495,6 @@ def _stop_split(home: Path, state: dict) -> list[str]:
         stop_services(state["services_pid"])
         stopped.append(f"services pid {state['services_pid']}")
     if state.get("redis_pid") and pid_alive(state["redis_pid"]):
-        stop_group(state["redis_pid"], 20)
-        (home / REDIS_DIR / "redis.pid").unlink(missing_ok=True)
+        stop_redis(state["redis_pid"], home / REDIS_DIR)
         stopped.append(f"Redis pid {state['redis_pid']}")
     return stopped

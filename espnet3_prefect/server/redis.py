@@ -106,13 +106,22 @@ class RedisServer:
         return pid_alive(self.pid) and ping(self.host, self.port, self.password)
 
     def stop(self, timeout_s: float = 20) -> None:
-        """SIGTERM (Redis writes its append-only file and exits), SIGKILL after ``timeout_s``."""
+        """:func:`stop_redis`, then the process reaped when this process started it."""
         try:
-            stop_group(self.pid, timeout_s)
+            stop_redis(self.pid, self.folder, timeout_s)
+        finally:
             if self.process is not None:
                 self.process.wait(timeout=timeout_s)
-        finally:
-            (self.folder / "redis.pid").unlink(missing_ok=True)
+
+
+def stop_redis(pid: int, folder: Path, timeout_s: float = 20) -> None:
+    """Stop the private Redis ``pid`` whose folder is ``folder``: SIGTERM (Redis writes its append-only
+    file and exits), SIGKILL after ``timeout_s``; its pid file goes. Also for a Redis another process
+    started (``deploy-local --stop``)."""
+    try:
+        stop_group(pid, timeout_s)
+    finally:
+        (folder / "redis.pid").unlink(missing_ok=True)
 
 
 def ping(host: str, port: int, password: str, timeout_s: float = 2.0) -> bool:
