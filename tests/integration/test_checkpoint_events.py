@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from espnet3_prefect.cli.deploy import CHECKPOINT_QUEUE
+from tests.helpers.api_reads import latest_artifact
 from tests.helpers.postgres import DATABASES
 from tests.helpers.procs import CLI, deploy_local, wait_for
 
@@ -199,7 +200,7 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
     from prefect.client.orchestration import SyncPrefectClient
 
     with SyncPrefectClient(d["state"]["api_url"]) as client:
-        trend = max((a for a in client.read_artifacts() if a.key == "evaluate-checkpoints"), key=lambda a: a.created)
+        trend = latest_artifact(client, "evaluate-checkpoints")
     rows = [line for line in trend.data.splitlines() if line.startswith("| ") and "epoch=" in line]
     assert [row.split(" | ")[1].split("`")[1] for row in rows] == [first.name, second.name, third.name]
     assert "(best)" in rows[2] and "(best)" not in rows[0] and "data:image/png;base64," in trend.data

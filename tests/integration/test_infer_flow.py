@@ -12,6 +12,7 @@ import collections
 import pytest
 
 from tests.conftest import toy_config, write_yaml
+from tests.helpers.api_reads import artifacts_of
 from tests.helpers.toy import read_lines
 
 pytestmark = pytest.mark.slow
@@ -143,7 +144,7 @@ def test_task_runs_are_named_after_shards_and_artifacts_are_published(prefect_se
     flow_run_id = state.state_details.flow_run_id
     with get_client(sync_client=True) as client:
         task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        artifacts = client.read_artifacts()
+        mine = artifacts_of(client, flow_run_id)
     names = {t.name for t in task_runs}
     assert {
         "run-shard-test_a-0",
@@ -153,7 +154,6 @@ def test_task_runs_are_named_after_shards_and_artifacts_are_published(prefect_se
         "build-env-test_a",
     } <= names
     assert not any(n.startswith("write-done-marker") for n in names)  # each shard marks itself done
-    mine = [a for a in artifacts if a.flow_run_id == flow_run_id]
     assert {a.type for a in mine} >= {"table", "progress"}
     table = next(a for a in mine if a.key == "infer-summary")
     assert "shards_run" in str(table.data) and "items_per_s" in str(table.data)

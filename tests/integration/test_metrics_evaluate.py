@@ -15,6 +15,7 @@ import zlib
 import pytest
 
 from tests.conftest import write_yaml
+from tests.helpers.api_reads import artifacts_of, latest_artifact
 from tests.helpers.wordrecipe import expected_wer, word_config
 
 pytestmark = pytest.mark.slow
@@ -73,7 +74,7 @@ def test_metrics_flow_known_errors_layout_alignments_and_artifact(prefect_server
     assert alignment.endswith("\nWER: 75.00 (hits=3, substitutions=2, deletions=3, insertions=1)\n")
     assert (out / "test_b" / "cer_alignment").is_file()
     with get_client(sync_client=True) as client:
-        artifacts = [a for a in client.read_artifacts() if a.flow_run_id == state.state_details.flow_run_id]
+        artifacts = artifacts_of(client, state.state_details.flow_run_id)
     [table] = [a for a in artifacts if a.type == "table"]
     assert table.key == "metrics-scores" and "75.0" in str(table.data) and "test_b" in str(table.data)
 
@@ -234,8 +235,7 @@ def test_evaluate_history_cache_and_a_new_checkpoint(prefect_server, tmp_path):
     assert json.loads((out / "metrics.json").read_text())[WER_T]["dev"]["WER"] == expected_wer(25, 3)
     assert _png_ok((out / "evaluate_history.png").read_bytes()) == (480, 240)
     with get_client(sync_client=True) as client:
-        trend = [a for a in client.read_artifacts() if a.key == "evaluate-trend"]
-    latest = max(trend, key=lambda a: a.created)
+        latest = latest_artifact(client, "evaluate-trend")
     assert "answered from cache" in latest.data and latest.data.count("\n| 20") == 4  # one row per run
     assert f"| {expected_wer(25, 3):.2f} (+{expected_wer(25, 3):.2f}) |" in latest.data
     assert "data:image/png;base64," in latest.data

@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import toy_config, write_yaml
+from tests.helpers.api_reads import newest_flow_runs
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,7 @@ def test_the_plan_is_recorded_by_name_and_the_config_in_full(prefect_server, tmp
     plan = plan_run(load_config([str(path)]))
     infer(config=[str(path)], plan=plan)
     with get_client(sync_client=True) as client:
-        [run] = [r for r in client.read_flow_runs() if r.parameters.get("config") == [str(path)]]
+        [run] = [r for r in newest_flow_runs(client) if r.parameters.get("config") == [str(path)]]
     assert run.parameters["plan"] == "<RunPlan>"
     assert _driver_builds(tmp_path) == 1  # the flow sized the dataset once; nothing checked it before
 

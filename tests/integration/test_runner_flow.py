@@ -15,6 +15,7 @@ import pytest
 from espnet3_prefect import ConfigError, run, set_parallel
 from espnet3_prefect.execution import process_parallel as parallel_config
 from tests.conftest import ROOT
+from tests.helpers.api_reads import artifacts_of
 from tests.helpers.workloads import LogProvider, SquareRunner, builds, forward_calls
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,7 @@ def _runs_of(flow_run_id):
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run_id)
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        artifacts = [a for a in client.read_artifacts() if a.flow_run_id == flow_run.id]
+        artifacts = artifacts_of(client, flow_run.id)
     return flow_run, tasks, artifacts
 
 
