@@ -22,7 +22,10 @@ The runs, one after another on one embedded Prefect server, each into a fresh fo
 - ``duration_b4budget``, ``duration_b16budget``: ``runner.max_duration`` set to the largest padded
   batch (longest item x count, in seconds) of upstream's batching at 4 and at 16 over the same
   test set, ``batch_size`` 16 as the cap on the count: no batch is padded larger than one
-  upstream already runs at that setting (the same memory budget), and short items fill up to 16.
+  upstream already runs at that setting (the same memory budget), and short items fill up to 16;
+- ``duration_b4budget_cap64``, ``duration_b16budget_cap64``: the same budgets with ``batch_size``
+  64 as the cap (Lhotse's ``max_duration`` has no count cap at all): short items fill up to 64,
+  the budget still bounds every batch's padded seconds.
 
 Each run reports ``wall_s`` (the ``infer`` call: cluster start, model builds, decoding, merge),
 ``rtfx`` (audio seconds / wall seconds), ``padding_efficiency`` (real / padded seconds over the
@@ -375,7 +378,14 @@ def summarize(rows: list[dict], dataset: JoinedDigits, reference: str = "upstrea
         row["hyp_texts"] = texts
 
 
-PLAN = ("upstream_b4", "upstream_b16", "duration_b4budget", "duration_b16budget")
+PLAN = (
+    "upstream_b4",
+    "upstream_b16",
+    "duration_b4budget",
+    "duration_b16budget",
+    "duration_b4budget_cap64",
+    "duration_b16budget_cap64",
+)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -434,6 +444,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "upstream_b16": (16, None),
         "duration_b4budget": (16, budgets[4]),
         "duration_b16budget": (16, budgets[16]),
+        "duration_b4budget_cap64": (64, budgets[4]),
+        "duration_b16budget_cap64": (64, budgets[16]),
     }
     sampler, rows = sampler_for(args.device), []
 
@@ -467,10 +479,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             save([{k: v for k, v in r.items() if k != "hyp"} for r in rows])
     summarize(rows, dataset)
     save(rows)
-    print(f"\n{'run':<20} {'wall_s':>7} {'/ ref':>6} {'rtfx':>7} {'pad_eff':>7} {'wer':>7} {'cer':>7} same order busy")
+    print(f"\n{'run':<26} {'wall_s':>7} {'/ ref':>6} {'rtfx':>7} {'pad_eff':>7} {'wer':>7} {'cer':>7} same order busy")
     for row in rows:
         print(
-            f"{row['run']:<20} {row['wall_s']:>7.2f} {row['wall_over_reference']:>6.3f} {row['rtfx']:>7.2f} "
+            f"{row['run']:<26} {row['wall_s']:>7.2f} {row['wall_over_reference']:>6.3f} {row['rtfx']:>7.2f} "
             f"{row.get('padding_efficiency') or 0:>7.3f} {row['wer'] or 0:>7.2f} {row['cer'] or 0:>7.2f} "
             f"{row['same_hyps']:>4}/{n}  {row['same_order_as']} {row.get('gpu_busy')}"
         )

@@ -4,8 +4,9 @@
 What the workers import before their first task is :mod:`espnet3_prefect.flows.workers`'s;
 :func:`run_shards` submits one ``run-shard`` task per shard the done markers say must run (the driver
 counts the finished ones without a task) and books them as they finish (progress bar + artifact,
-counts, one line per failed shard); :func:`take_run_lock` takes a folder's run lock
-and marks the flow run of a killed earlier holder Crashed.
+counts, one line per failed shard); :class:`NoWorkers` stops a run whose workers are all gone and
+stay gone; :func:`take_run_lock` takes a folder's run lock and marks the flow run of a killed earlier
+holder Crashed.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class DaskExecutor:
     called the first time a step needs it, so a stage with nothing to run starts no cluster, and the
     cluster stays up, for the next stage too, until the ``with`` block ends. ``infer``: the infer stage
     (its env sized from the dataset, its merge recorded); else a runner job named ``what``.
+    ``no_worker_timeout_s`` (``parallel.no_worker_timeout_s``): see :class:`NoWorkers`.
     """
 
     def __init__(
@@ -48,8 +50,11 @@ class DaskExecutor:
         what: str | None = None,
         before_start: Callable[[], None] | None = None,
         make_builder: Callable[[], Any] | None = None,
+        no_worker_timeout_s: float | None = None,
     ):
         self._open_runner, self._before_start, self._make_builder = open_runner, before_start, make_builder
+        self.no_worker_timeout_s = no_worker_timeout_s
+        self.no_workers: NoWorkers | None = None
         self._stack = contextlib.ExitStack()
         self.runner = None
         self.log, self.what = log, what
@@ -67,6 +72,7 @@ class DaskExecutor:
 
             # frozen, plain values: Prefect need not walk a stage's work object for futures on each submit
             never_holds_futures(StageWork)
+            self.no_workers = self._stack.enter_context(NoWorkers(self.runner.client, self.no_worker_timeout_s))
         return self.runner
 
     def __enter__(self) -> DaskExecutor:
@@ -84,15 +90,13 @@ class DaskExecutor:
     def build_env(self, stage: Stage) -> dict:
         builder = stage.builder if stage.builder is not None else self._make_builder()
         self.task_runs += 1
-        return (
-            self._task_runner()
-            .submit(build_env, {"work": stage.work, "builder": builder, "sized": self.sized})
-            .result()
-        )
+        future = self._task_runner().submit(build_env, {"work": stage.work, "builder": builder, "sized": self.sized})
+        return self.no_workers.result(future)
 
     def run_shards(self, stage: Stage, shards: list[Shard]) -> ShardOutcome:
         self.task_runs += len(shards)
-        return run_shards(self._task_runner(), stage, shards, what=self.what, kind=self.kind)
+        runner = self._task_runner()
+        return run_shards(runner, stage, shards, what=self.what, kind=self.kind, no_workers=self.no_workers)
 
     def merge(self, stage: Stage, shards: list[Shard], n_items: int) -> tuple[Any, dict[str, str]]:
         self.task_runs += 1
@@ -108,7 +112,15 @@ class DaskExecutor:
             pass
 
 
-def run_shards(runner, stage, shards: list[Shard], *, what: str | None = None, kind: str = "infer") -> ShardOutcome:
+def run_shards(
+    runner,
+    stage,
+    shards: list[Shard],
+    *,
+    what: str | None = None,
+    kind: str = "infer",
+    no_workers: NoWorkers | None = None,
+) -> ShardOutcome:
     """Submit ``shards`` (each one runs: the driver left out those already done) and book them as they
     finish. The first failure that a retry cannot fix
     (bad input, bad config) stops the stage at once; other failures (a worker that keeps dying,
@@ -117,7 +129,8 @@ def run_shards(runner, stage, shards: list[Shard], *, what: str | None = None, k
     ``what`` names the stage in errors (default ``test set '<name>'``); ``kind`` heads the progress
     artifact's description. The outcome's ``timing`` sums the shards run
     (:func:`espnet3_prefect.pipeline.report.add_timing`) and adds ``busy_s`` (their seconds) and
-    ``wall_s`` (first submission to last result).
+    ``wall_s`` (first submission to last result). ``no_workers`` stops the stage when every worker
+    is gone for good (its one-line error; the shards done so far stay done).
     """
     import time
 
@@ -140,8 +153,13 @@ def run_shards(runner, stage, shards: list[Shard], *, what: str | None = None, k
         pending[future.wrapped_future.key] = (future, shard)
     outcome = ShardOutcome(timing=empty_timing())
     failures = []
+    futures = [f.wrapped_future for f, _ in pending.values()]
+    if no_workers is not None:
+        no_workers.cancels(futures)
     with LostWorkers(runner.client, pending, log=get_logger()):
-        for done in as_completed([f.wrapped_future for f, _ in pending.values()], loop=runner.client.loop):
+        for done in as_completed(futures, loop=runner.client.loop):
+            if no_workers is not None and no_workers.gone:
+                raise Espnet3PrefectError(f"{what}: {no_workers.gone}; {outcome.run + outcome.cached} shard(s) done")
             failures += _book(runner, done, pending, outcome, progress, what)
     outcome.timing["wall_s"] = round(time.perf_counter() - submitted, 4)
     if failures:
@@ -243,6 +261,98 @@ class LostWorkers:
             message = f"{where}: its worker {worker} was lost while running it; the shard runs again elsewhere"
             if mark_running_task_run_crashed(future.task_run_id, message):
                 self.log.warning("%s", message)
+
+
+class NoWorkers:
+    """Stops a run whose workers are all gone and stay gone. Dask keeps a task whose workers left
+    waiting for another, forever: a batch job that never comes back, a nanny that could not restart
+    its worker (it failed to start again), a running scheduler's workers stopped by their owner. Once
+    the cluster has had a worker, a thread asks the scheduler every ``POLL_S`` how many it has; after
+    ``timeout_s`` with none (``parallel.no_worker_timeout_s``: 300 s by default, 3600 s for batch
+    schedulers, whose replacement jobs may queue; None waits forever) it cancels the futures it was
+    given, so the flow's wait ends, and :attr:`gone` says why on one line. The shards that finished
+    keep their done markers, so a new run resumes. A cluster still waiting for its first worker (a
+    batch queue) is left alone."""
+
+    POLL_S = 1.0
+
+    def __init__(self, client, timeout_s: float | None):
+        import threading
+
+        self.client, self.timeout_s = client, timeout_s
+        #: why the run stops (one line), once every worker has been gone for ``timeout_s``
+        self.gone: str | None = None
+        self._futures: list = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self) -> NoWorkers:
+        import threading
+
+        if self.timeout_s is not None:
+            import contextvars
+
+            # in this thread's context: the flow run's logger goes with it
+            context = contextvars.copy_context()
+            self._thread = threading.Thread(target=context.run, args=(self._watch,), name="e3p-no-workers", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10 * self.POLL_S)
+
+    def cancels(self, futures: list) -> None:
+        """Dask futures to cancel when the workers are gone for good (at once if they already are)."""
+        with self._lock:
+            self._futures = list(futures)
+            gone = self.gone
+        if gone:
+            self.client.cancel(futures)
+
+    def result(self, future):
+        """``future.result()`` (a Prefect future), or the one-line error once the workers are gone."""
+        self.cancels([future.wrapped_future])
+        try:
+            return future.result()
+        except BaseException:
+            if self.gone:
+                raise Espnet3PrefectError(self.gone) from None
+            raise
+
+    def _watch(self) -> None:
+        import time
+
+        last: list[str] = []
+        empty_since = None
+        while not self._stop.wait(self.POLL_S):
+            try:
+                workers = sorted(self.client.nthreads())
+            except Exception:  # noqa: BLE001 - the scheduler itself gone: the client's own errors say so
+                continue
+            if workers:
+                last, empty_since = workers, None
+                continue
+            if not last:  # no worker yet (a batch queue): not this watch's to judge
+                continue
+            if empty_since is None:
+                empty_since = time.monotonic()
+                left_at = time.strftime("%H:%M:%S")
+            if time.monotonic() - empty_since < self.timeout_s:
+                continue
+            names = ", ".join(last[:3]) + (f" and {len(last) - 3} more" if len(last) > 3 else "")
+            with self._lock:
+                self.gone = (
+                    f"no Dask worker for {self.timeout_s:g} s (the last, {names}, left at {left_at}) and none came "
+                    "back, so the run stops; the finished shards are kept, run again to resume "
+                    "(parallel.no_worker_timeout_s: how long to wait; null waits forever)"
+                )
+                futures = self._futures
+            get_logger().error("%s", self.gone)
+            self.client.cancel(futures)
+            return
 
 
 def shard_where(shard: Shard) -> str:

@@ -109,7 +109,7 @@ def _run_stages(plan: RunPlan, logger) -> list[dict]:
                 stage_modules=stage_modules(todo),
             )
 
-        with DaskExecutor(open_runner, logger, infer=True) as executor:
+        with DaskExecutor(open_runner, logger, infer=True, no_worker_timeout_s=spec.no_worker_timeout_s) as executor:
             for stage in todo:
                 finished[stage.test_set], _ = drive_stage(stage, executor, sizing=sizing[stage.test_set])
     return [finished[s.test_set].to_dict() for s in stages]

@@ -13,10 +13,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 
 from espnet3_prefect._internal.util import as_list, is_number
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
-from espnet3_prefect.execution.run_states import fails_with_its_message
+from espnet3_prefect.execution.run_states import fails_with_its_message, wait_until_recorded
 from espnet3_prefect.execution.rundir import enter_workdir, preload_on_main_thread
 from espnet3_prefect.metrics.metric_plan import MetricSpec, MetricsPlan
 from espnet3_prefect.metrics.prepare import load_any, load_inference_config, prepare_metrics
@@ -97,6 +98,8 @@ def metrics(
     write_results(plan, results)  # metrics.json (ESPnet3's bytes, atomic), then the record a re-run checks
     publish_scores(plan, results)
     logger.info("wrote %s\n%s", plan.output, format_scores(plan, results))
+    # ended only once the server shows every task run it started (as infer's flow does)
+    wait_until_recorded(flow_run.get_id(), len(columns) + len(futures))
     return results
 
 

@@ -71,6 +71,7 @@ def run_runner(job: Any) -> Any:
             what=f"{job.name} over {layout.root}",
             before_start=before_start,
             make_builder=job.builder,
+            no_worker_timeout_s=spec.no_worker_timeout_s,
         ) as executor:
             summary, result = drive_stage(stage, executor, shards=job.shards)
     finally:

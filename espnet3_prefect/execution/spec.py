@@ -16,12 +16,13 @@ from typing import Any
 from espnet3_prefect._internal.util import is_int
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution import backends
-from espnet3_prefect.execution.backends.base import ClusterContext
+from espnet3_prefect.execution.backends.base import Backend, ClusterContext
 
 # lifetime_margin_s: batch-scheduler workers retire this long before their walltime (backends/walltime.py).
 # allow_overwrite_lock: ESPnet3's switch to replace a shard lock left by an interrupted run.
 # tls: scheduler <-> workers over TLS with per-run certificates (None: the env's default).
 # shard_duration: shards sized by the dataset's lengths() (pipeline/plan.py), handed out longest first.
+# no_worker_timeout_s: how long a run waits once every worker it had is gone (flows/dispatch.py).
 TOP_LEVEL_KEYS = (
     "env",
     "n_workers",
@@ -32,6 +33,7 @@ TOP_LEVEL_KEYS = (
     "lifetime_margin_s",
     "allow_overwrite_lock",
     "tls",
+    "no_worker_timeout_s",
 )
 
 
@@ -53,6 +55,8 @@ class ParallelSpec:
     lifetime_margin_s: float | None = None
     allow_overwrite_lock: bool = False
     tls: bool | None = None
+    #: seconds a run waits with no worker, once it has had one, before it stops (None: forever)
+    no_worker_timeout_s: float | None = 300.0
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None) -> ParallelSpec:
@@ -75,7 +79,8 @@ class ParallelSpec:
                     "parallel.tls: conflicts with parallel.address (we cannot make a running scheduler's "
                     "certificates; for a tls:// address put its files in Dask's config distributed.comm.tls.*)"
                 )
-            return cls(env="address", address=address, **_common(block))
+            wait_s = _no_worker_timeout(block, Backend.no_worker_timeout_s)
+            return cls(env="address", address=address, no_worker_timeout_s=wait_s, **_common(block))
         env = block.get("env", "local")
         backend = backends.get(env)  # an unknown env fails before anything else is read
         common = _common(block)
@@ -87,7 +92,25 @@ class ParallelSpec:
             raise ConfigError(f"parallel.options: must be a mapping, got {type(options).__name__}")
         margin = backends.lifetime_margin(env, block.get("lifetime_margin_s"))
         backends.validate(env, dict(options), margin, tls=tls)
-        return cls(env=env, options=dict(options), lifetime_margin_s=margin, tls=tls, **common)
+        wait_s = _no_worker_timeout(block, backend.no_worker_timeout_s)
+        return cls(
+            env=env, options=dict(options), lifetime_margin_s=margin, tls=tls, no_worker_timeout_s=wait_s, **common
+        )
+
+
+def _no_worker_timeout(block: Mapping[str, Any], default_s: float) -> float | None:
+    """``parallel.no_worker_timeout_s``: absent, the backend's default; null, wait forever; else > 0."""
+    if "no_worker_timeout_s" not in block:
+        return default_s
+    value = block["no_worker_timeout_s"]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(
+            "parallel.no_worker_timeout_s: must be a number of seconds > 0 (how long a run waits once every "
+            f"worker is gone), or null to wait forever; got {value!r}"
+        )
+    return float(value)
 
 
 def _common(block: Mapping[str, Any]) -> dict[str, Any]:

@@ -377,3 +377,58 @@ def test_injected_enospc_mid_run_names_the_path_once_and_a_rerun_redoes_only_the
     cfg["runner"].update(_target_="tests.helpers.toy.DiskFullRunner", retries=2, retry_delay_s=[1, 1])
     cfg["provider"]["params"]["full_flag"] = str(flag)
     _disk_full_run(tmp_path, cfg, flag)
+
+
+def test_a_run_whose_workers_are_all_gone_for_good_stops_on_one_line_and_keeps_its_shards(prefect_server, tmp_path):
+    """A running scheduler (``parallel.address``) with one worker of its own and no nanny: the shard
+    that kills it leaves the scheduler with none, and Dask would wait for one forever (the run hung
+    before ``parallel.no_worker_timeout_s``). The run stops after the wait, naming the cause; the
+    shards done before are kept and a run on a new worker does only the rest."""
+    from espnet3_prefect.server.process import free_port
+
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_server}
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
+         "--dashboard-address", ":0", "--no-show"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def worker():
+        return subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--no-nanny", "--nthreads", "1",
+             "--host", "127.0.0.1", "--no-dashboard"],
+            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    first = worker()
+    try:
+        cfg = toy_config(tmp_path, n=20, num_shards=4, bad={17: f"kill_once:{tmp_path}/killed"})
+        cfg["parallel"] = {"address": address, "num_shards": 4, "no_worker_timeout_s": 3}
+        started = time.monotonic()
+        state = run_infer(tmp_path, cfg, return_state=True)
+        waited_s = time.monotonic() - started
+        assert first.wait(timeout=30) != 0 and (tmp_path / "killed").exists()  # the fault did happen
+        assert state.is_failed()
+        message = str(state.result(raise_on_failure=False))
+        assert "test set 'test_a': no Dask worker for 3 s (the last, tcp://127.0.0.1:" in message, message
+        assert "3 shard(s) done" in message and "run again to resume" in message
+        assert waited_s < 120, waited_s  # a bound on the stop, not a timing: it hung before
+        out = tmp_path / "inference/test_a"
+        assert all((out / f"split.{i}/done").is_file() for i in (0, 1, 2))
+        assert not (out / "split.3/done").exists() and not (out / "y.scp").exists()
+
+        second = worker()
+        try:
+            [summary] = run_infer(tmp_path, cfg)
+        finally:
+            second.terminate()
+            second.wait(timeout=30)
+        assert (out / "y.scp").read_text() == EXPECTED(20)
+        assert summary["shards_run"] == 1 and summary["shards_cached"] == 3
+    finally:
+        for proc in (first, scheduler):
+            proc.terminate()
+        for proc in (first, scheduler):
+            proc.wait(timeout=30)

@@ -93,6 +93,18 @@ def test_address_connects_to_a_running_scheduler():
         ParallelSpec.from_config({"address": "nope"})
 
 
+def test_no_worker_timeout_defaults_by_backend_null_waits_forever_and_bad_values_name_the_key():
+    slurm = {"env": "slurm", "options": {"cores": 1, "memory": "1GB", "walltime": "00:10:00"}}
+    assert ParallelSpec.from_config({"env": "local"}).no_worker_timeout_s == 300.0
+    assert ParallelSpec.from_config({"address": "tcp://127.0.0.1:8786"}).no_worker_timeout_s == 300.0
+    assert ParallelSpec.from_config(slurm).no_worker_timeout_s == 3600.0  # replacement jobs may queue
+    assert ParallelSpec.from_config({**slurm, "no_worker_timeout_s": 60}).no_worker_timeout_s == 60.0
+    assert ParallelSpec.from_config({"no_worker_timeout_s": None}).no_worker_timeout_s is None
+    for bad in (0, -1, "5", True, float("inf")):
+        with pytest.raises(ConfigError, match=r"^parallel.no_worker_timeout_s: must be a number of seconds > 0"):
+            ParallelSpec.from_config({"no_worker_timeout_s": bad})
+
+
 def test_managed_and_misplaced_options_are_rejected():
     with pytest.raises(ConfigError, match="parallel.options.asynchronous: managed by espnet3-prefect"):
         ParallelSpec.from_config({"options": {"asynchronous": True}})

@@ -136,6 +136,9 @@ class Backend:
     extra: str | None = None  # the pip extra that installs it
     also_needs: tuple[str, ...] = ()  # modules the cluster class imports only when it starts
     batch: bool = False  # workers are jobs in a scheduler's queue (named, watched, cancelled)
+    # parallel.no_worker_timeout_s's default: a run whose workers are all gone waits this long for one
+    # (a nanny that restarts one, a running scheduler's own), then stops with a one-line error
+    no_worker_timeout_s: float = 300.0
     queue: JobQueue | None = None  # lists/cancels this user's jobs; None where we cannot ask
     job_id_variable: str | None = None  # set inside a batch job: its id
     refuses_scheduler_options = False  # batch-scheduler options are a mistake here (see SCHEDULER_ONLY)

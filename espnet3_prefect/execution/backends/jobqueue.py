@@ -51,6 +51,7 @@ LIST_OPTIONS = (
 class JobqueueBackend(Backend):
     batch = True
     start_at_once = True
+    no_worker_timeout_s = 3600.0  # replacement jobs (the cluster adapts) may wait in the queue
     tls_default = tls_supported = tls_files = True
     walltime: WalltimeFormat | None = None  # None: dask-jobqueue gives these jobs no walltime
     required_options: tuple[tuple[str, str], ...] = ()  # (key, example) besides cores and memory
