@@ -1,7 +1,8 @@
 """A small line chart written as a PNG with zlib + struct only (no plotting dependency).
 
 Used for the score trend beside ``evaluate_history.jsonl``: one coloured line per series, points
-at each run, a light grid, and the y range printed with a 3x5 pixel digit font.
+at each run, a light grid, and the y range printed with a 3x5 pixel digit font; and for the workers'
+throughput in the UI (:func:`bar_chart`: one bar per worker).
 """
 
 from __future__ import annotations
@@ -160,4 +161,30 @@ def line_chart(
                 (x + 5, y - 6, x + 6, y + 6),
             ):
                 canvas.rect(x0, y0, x1, y1, (0, 0, 0))
+    return canvas.png()
+
+
+def bar_chart(values: Sequence[float | None], width: int = 480, bar_px: int = 16) -> bytes:
+    """One horizontal bar per value, top to bottom, numbered from 1 at the left, its value printed at
+    its end, lengths on one scale from 0 to the largest; ``None`` draws no bar. PNG bytes.
+
+    >>> bar_chart([2.0, None, 1.0])[:8] == b"\\x89PNG\\r\\n\\x1a\\n"
+    True
+    """
+    gap, left, right_margin = 6, 40, 70
+    height = gap + len(values) * (bar_px + gap)
+    canvas = Canvas(width, max(height, 2 * gap))
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    top_value = max(finite, default=1.0)
+    span = width - left - right_margin
+    ink, axis = (60, 60, 60), (120, 120, 120)
+    canvas.line(left, 0, left, canvas.height - 1, axis)
+    for row, value in enumerate(values):
+        y = gap + row * (bar_px + gap)
+        canvas.text(4, y + (bar_px - 10) // 2, str(row + 1), ink)
+        if value is None or not math.isfinite(value):
+            continue
+        length = max(1, round(span * max(0.0, value) / top_value))
+        canvas.rect(left + 1, y, left + length, y + bar_px - 1, PALETTE[0])
+        canvas.text(left + length + 6, y + (bar_px - 10) // 2, _label(value), ink)
     return canvas.png()

@@ -10,7 +10,8 @@ The wall time is the shards' (first shard submitted to last one finished), not t
 merge; a worker-second is a second one worker spent inside a shard.
 
 Shown in the closing summary (:func:`throughput_line`), in the UI (a table artifact per test set, one
-row per worker) and written to ``<inference_dir>/<test>/.throughput.json``
+row per worker, and beside it a bar chart of the workers' rates, :func:`plot_markdown`: a slow
+worker shows at a glance) and written to ``<inference_dir>/<test>/.throughput.json``
 (:attr:`~.layout.StageLayout.throughput`), which no upstream step reads or compares.
 
 >>> t = {"wall_s": 10.0, "busy_s": 18.0, "padding": {"batches": 4, "real": 90.0, "padded": 100.0},
@@ -178,9 +179,43 @@ def artifact_key(test_set: str) -> str:
     return "throughput-" + (re.sub(r"[^a-z0-9]+", "-", test_set.lower()).strip("-") or "test-set")
 
 
+def plot_markdown(test_set: str, data: dict[str, Any] | None) -> str | None:
+    """Markdown with a bar chart of each worker's rate (RTFx per worker-second where the lengths are
+    seconds, else items per worker-second) and the list of the numbered workers; None without workers.
+
+    >>> text = plot_markdown("test_a", {"workers": [{"worker": "n1:7", "shards": 2, "items": 30,
+    ...     "rtfx_per_worker_s": 5.0, "items_per_worker_s": 1.5}]})
+    >>> "data:image/png;base64," in text, "1. `n1:7`: 5 (2 shards, 30 items)" in text
+    (True, True)
+    """
+    import base64
+
+    from espnet3_prefect._internal.png import bar_chart
+
+    workers = worker_rows(data)
+    if not workers:
+        return None
+    by_audio = all(w.get("rtfx_per_worker_s") is not None for w in workers)
+    key, what = (
+        ("rtfx_per_worker_s", "RTFx per worker-second")
+        if by_audio
+        else ("items_per_worker_s", "items per worker-second")
+    )
+    values = [w.get(key) for w in workers]
+    image = base64.b64encode(bar_chart(values)).decode("ascii")
+    legend = []
+    for number, w in enumerate(workers, 1):
+        value = "n/a" if w.get(key) is None else f"{w[key]:g}"
+        legend.append(f"{number}. `{w['worker']}`: {value} ({w['shards']} shards, {w['items']} items)")
+    return "\n".join(
+        [f"### {test_set}: {what}, by worker", "", f"![{what} by worker](data:image/png;base64,{image})", "", *legend]
+    )
+
+
 def publish(test_set: str, data: dict[str, Any]) -> None:
-    """The per-test-set throughput as a Prefect table artifact: one row per worker, the totals above it."""
-    from prefect.artifacts import create_table_artifact
+    """The per-test-set throughput as Prefect artifacts: a table, one row per worker, the totals above
+    it; and the workers' rates as a bar chart (key ``<table key>-plot``)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     rows = worker_rows(data)
     create_table_artifact(
@@ -189,6 +224,11 @@ def publish(test_set: str, data: dict[str, Any]) -> None:
         description=f"{test_set}: {throughput_line(data)}; per worker: shards, items, seconds in shards, "
         f"audio seconds, RTFx per worker-second, items per worker-second, GPU busy share",
     )
+    plot = plot_markdown(test_set, data)
+    if plot is not None:
+        create_markdown_artifact(
+            markdown=plot, key=f"{artifact_key(test_set)}-plot", description=f"{test_set}: workers"
+        )
 
 
 def write(path: Path, test_set: str, data: dict[str, Any], extra: dict[str, Any] | None = None) -> None:

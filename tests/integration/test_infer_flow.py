@@ -159,6 +159,8 @@ def test_task_runs_are_named_after_shards_and_artifacts_are_published(prefect_se
     assert "shards_run" in str(table.data) and "items_per_s" in str(table.data)
     throughput = next(a for a in mine if a.key == "throughput-test-a")  # one row per worker
     assert throughput.type == "table" and "items_per_worker_s" in str(throughput.data)
+    plot = next(a for a in mine if a.key == "throughput-test-a-plot")  # the workers' rates as bars
+    assert plot.type == "markdown" and "data:image/png;base64," in plot.data and "items per worker-second" in plot.data
     # the flow ended only once the server held its 5 task runs, all finished; a sixth never comes
     from espnet3_prefect.execution.run_states import wait_until_recorded
 
