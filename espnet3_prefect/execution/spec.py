@@ -102,15 +102,11 @@ def _no_worker_timeout(block: Mapping[str, Any], default_s: float) -> float | No
     """``parallel.no_worker_timeout_s``: absent, the backend's default; null, wait forever; else > 0."""
     if "no_worker_timeout_s" not in block:
         return default_s
-    value = block["no_worker_timeout_s"]
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ConfigError(
-            "parallel.no_worker_timeout_s: must be a number of seconds > 0 (how long a run waits once every "
-            f"worker is gone), or null to wait forever; got {value!r}"
-        )
-    return float(value)
+    return _finite_positive(
+        "parallel.no_worker_timeout_s",
+        block["no_worker_timeout_s"],
+        "a number of seconds > 0 (how long a run waits once every worker is gone), or null to wait forever",
+    )
 
 
 def _common(block: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,13 +132,20 @@ def check_shard_duration(value: Any) -> float | None:
     >>> check_shard_duration(None), check_shard_duration(600)
     (None, 600.0)
     """
+    return _finite_positive(
+        "parallel.shard_duration",
+        value,
+        "a finite number > 0 (the total length per shard, in the units of the dataset's lengths(), e.g. "
+        "seconds of audio)",
+    )
+
+
+def _finite_positive(key: str, value: Any, meaning: str) -> float | None:
+    """None stays None; a finite number > 0 becomes a float; anything else is ``key: must be ...``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ConfigError(
-            "parallel.shard_duration: must be a finite number > 0 (the total length per shard, in the units "
-            f"of the dataset's lengths(), e.g. seconds of audio), got {value!r}"
-        )
+        raise ConfigError(f"{key}: must be {meaning}, got {value!r}")
     return float(value)
 
 
