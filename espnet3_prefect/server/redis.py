@@ -25,6 +25,7 @@ from pathlib import Path
 from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive, stop_group
 from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.process import free_port
 
 REDIS_DIR = "redis"
 """The Redis folder inside a state dir: configuration, password, append-only file, log, pid."""
@@ -148,12 +149,6 @@ def ping(host: str, port: int, password: str, timeout_s: float = 2.0) -> bool:
     return answer.startswith(b"+OK\r\n+PONG")
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def start_redis(state: Path, host: str = "127.0.0.1") -> RedisServer:
     """Start a private ``redis-server`` for the state dir ``state`` and wait until it answers.
 
@@ -172,7 +167,7 @@ def start_redis(state: Path, host: str = "127.0.0.1") -> RedisServer:
             with os.fdopen(fd, "w") as out:
                 out.write(secrets.token_urlsafe(32))
     password = secret.read_text().strip()
-    port = _free_port(host)
+    port = free_port(host)
     conf = folder / "redis.conf"
     atomic_write_text(
         conf,
