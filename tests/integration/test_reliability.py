@@ -432,3 +432,32 @@ def test_a_run_whose_workers_are_all_gone_for_good_stops_on_one_line_and_keeps_i
             proc.terminate()
         for proc in (first, scheduler):
             proc.wait(timeout=30)
+
+
+def test_the_no_worker_watch_waits_for_a_first_worker_and_then_for_none_to_come_back():
+    """The rule of ``flows.dispatch.NoWorkers`` on a real in-process cluster: a cluster that has not had
+    a worker yet (a batch queue) is not judged; once it had one, none for the timeout cancels what the
+    flow waits on and says why; a worker coming back within the timeout resets the clock."""
+    from distributed import Client, LocalCluster
+
+    from espnet3_prefect.flows.dispatch import NoWorkers
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
+        waiting = client.submit(sum, [1], resources={"nowhere": 1})  # no worker has it: stays pending
+        with NoWorkers(client, timeout_s=1.0) as watch:
+            watch.cancels([waiting])
+            time.sleep(3)
+            assert watch.gone is None and not waiting.cancelled()  # never had a worker: not judged
+            cluster.scale(1)
+            client.wait_for_workers(1, timeout=30)
+            time.sleep(1.5)  # seen
+            cluster.scale(0)
+            deadline = time.monotonic() + 30
+            while watch.gone is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert watch.gone is not None and watch.gone.startswith("no Dask worker for 1 s (the last, ")
+        assert "run again to resume" in watch.gone and "parallel.no_worker_timeout_s" in watch.gone
+        deadline = time.monotonic() + 10
+        while not waiting.cancelled() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert waiting.cancelled()
