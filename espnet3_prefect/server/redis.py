@@ -46,9 +46,12 @@ PREFECT_REDIS_MODULES = {
 #: 10 s, where the task-run recorder cannot read them: as long as the flow waits for its task runs
 #: (``run_states.wait_until_recorded``, 10 s). Tested: 3 events are in the stream at once with these
 #: settings, none until the client disconnects without them (``tests/integration/test_split_server.py``).
-#: Besides, that flush takes its batch, awaits Redis, then empties the batch, so a message added
-#: meanwhile would be dropped; a pump of 2,000 events did not show it, and one task run of 2,008 went
-#: missing at full size (docs/benchmarks.md) before this setting, cause not proven.
+#: Besides, that flush takes its batch, awaits Redis (the duplicate check), then empties the batch, so
+#: an event a connection hands over during that await is emptied with it and never published: tested
+#: with the await held open (``test_no_event_is_dropped_by_a_flush_that_awaits_redis_while_a_client_sends``:
+#: 1 of 2 land with the background flush, 2 of 2 with these settings). That is how one task run of
+#: 2,008 went missing at full size before this setting (docs/benchmarks.md). With no background flush
+#: every flush is awaited by the connection that sent the event, so none runs beside an append.
 SAFE_PUBLISHER = {
     "PREFECT_REDIS_MESSAGING_PUBLISHER_BATCH_SIZE": "1",
     "PREFECT_REDIS_MESSAGING_PUBLISHER_PUBLISH_EVERY": str(365 * 24 * 3600),  # seconds: never, in practice

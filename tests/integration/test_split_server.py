@@ -189,3 +189,36 @@ def test_an_event_reaches_the_redis_stream_when_it_is_sent_not_seconds_later(tmp
         assert pump({}) == [3, 6]  # Prefect's: held in the API process until the client disconnects
     finally:
         redis.stop()
+
+
+def test_no_event_is_dropped_by_a_flush_that_awaits_redis_while_a_client_sends(tmp_path):
+    """prefect-redis's publisher flushes in two places: when its batch is full (the sender awaits
+    that) and from a background task; a flush takes the batch, awaits Redis's duplicate check, then
+    empties the batch, so an event a connection hands over during a background flush's await is
+    emptied with it and never published (the split server's lost task run, docs/benchmarks.md).
+    Under ``redis.SAFE_PUBLISHER`` no flush runs beside the sender: 2 of 2 land; with the background
+    flush (Prefect's batch of 5, flushed every second), 1 of 2."""
+    from espnet3_prefect.server.redis import SAFE_PUBLISHER, start_redis
+
+    redis = start_redis(tmp_path / "state")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update(redis.prefect_environ(), PYTHONPATH=str(ROOT))
+
+        def landed(settings: dict) -> int:
+            run = subprocess.run(
+                [sys.executable, "-m", "tests.helpers.redis_race"],
+                env=settings,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=ROOT,
+            )
+            assert run.returncode == 0, run.stderr[-3000:]
+            return int(run.stdout.split()[-1])
+
+        assert landed(env) == 2  # ours (the count is of every stream in this Redis)
+        stock = {k: v for k, v in env.items() if k not in SAFE_PUBLISHER}
+        assert landed({**stock, "PREFECT_REDIS_MESSAGING_PUBLISHER_PUBLISH_EVERY": "1"}) - 2 == 1
+    finally:
+        redis.stop()
