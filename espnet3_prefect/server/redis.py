@@ -48,7 +48,7 @@ PREFECT_REDIS_MODULES = {
 #: settings, none until the client disconnects without them (``tests/integration/test_split_server.py``).
 #: Besides, that flush takes its batch, awaits Redis (the duplicate check), then empties the batch, so
 #: an event a connection hands over during that await is emptied with it and never published: tested
-#: with the await held open (``test_no_event_is_dropped_by_a_flush_that_awaits_redis_while_a_client_sends``:
+#: with the await held open (``test_each_event_reaches_the_redis_stream_when_it_is_sent_and_none_is_dropped``:
 #: 1 of 2 land with the background flush, 2 of 2 with these settings). That is how one task run of
 #: 2,008 went missing at full size before this setting (docs/benchmarks.md). With no background flush
 #: every flush is awaited by the connection that sent the event, so none runs beside an append.

@@ -157,68 +157,41 @@ def test_two_api_processes_on_postgresql_record_every_task_run_of_two_runs_at_on
         shutil.rmtree(home, ignore_errors=True)
 
 
-def test_an_event_reaches_the_redis_stream_when_it_is_sent_not_seconds_later(tmp_path):
-    """prefect-redis's publisher holds up to 5 messages and flushes the rest every 10 s from a
-    background task: the last events of a client that stays connected (a run's last shards) wait in
-    an API process, where the recorder cannot read them. Under the settings every split server gets
-    (``redis.SAFE_PUBLISHER``: one message at a time, no background flush) 3 events are in the stream
-    while the client is still connected; under Prefect's defaults none are until it disconnects."""
+def test_each_event_reaches_the_redis_stream_when_it_is_sent_and_none_is_dropped(tmp_path):
+    """What ``redis.SAFE_PUBLISHER`` (one message at a time, no background flush; every split server
+    gets it) changes in prefect-redis's publisher, against a real Redis, each side in a fresh
+    interpreter with Prefect's own server-side event publisher:
+
+    - it holds up to 5 messages and flushes the rest every 10 s from a background task, so the last
+      events of a client that stays connected (a run's last shards) wait in an API process, out of the
+      recorder's reach: 3 events are in the stream while the client is connected under ours, none
+      under Prefect's defaults until it disconnects (``tests/helpers/redis_pump.py``);
+    - a flush takes the batch, awaits Redis's duplicate check, then empties the batch, so an event a
+      connection hands over during a background flush's await is emptied with it and never published
+      (the split server's lost task run, docs/benchmarks.md): with that await held open, 2 of 2 land
+      under ours, 1 of 2 with the background flush every second (``tests/helpers/redis_race.py``).
+
+    The counts are of every stream in this Redis, so each side adds to the last."""
     from espnet3_prefect.server.redis import SAFE_PUBLISHER, start_redis
 
     redis = start_redis(tmp_path / "state")
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-        env.update(redis.prefect_environ(), PYTHONPATH=str(ROOT))
+        ours = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        ours.update(redis.prefect_environ(), PYTHONPATH=str(ROOT))
         assert set(SAFE_PUBLISHER) <= set(redis.prefect_environ())
+        prefects = {k: v for k, v in ours.items() if k not in SAFE_PUBLISHER}
 
-        def pump(settings: dict) -> list[int]:
+        def counts(env: dict, *argv: str) -> list[int]:
             run = subprocess.run(
-                [sys.executable, "-m", "tests.helpers.redis_pump", "3", "2"],
-                env={**env, **settings},
-                capture_output=True,
-                text=True,
-                timeout=300,
-                cwd=ROOT,
+                [sys.executable, "-m", *argv], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT
             )
             assert run.returncode == 0, run.stderr[-3000:]
-            return [int(x) for x in run.stdout.split()[-2:]]
+            return [int(x) for x in run.stdout.strip().splitlines()[-1].split()]  # the helper's last line
 
-        assert pump({}) == [3, 3]  # ours: in the stream at once
-        prefect_defaults = {name: "" for name in SAFE_PUBLISHER}
-        env = {k: v for k, v in env.items() if k not in prefect_defaults}
-        assert pump({}) == [3, 6]  # Prefect's: held in the API process until the client disconnects
-    finally:
-        redis.stop()
-
-
-def test_no_event_is_dropped_by_a_flush_that_awaits_redis_while_a_client_sends(tmp_path):
-    """prefect-redis's publisher flushes in two places: when its batch is full (the sender awaits
-    that) and from a background task; a flush takes the batch, awaits Redis's duplicate check, then
-    empties the batch, so an event a connection hands over during a background flush's await is
-    emptied with it and never published (the split server's lost task run, docs/benchmarks.md).
-    Under ``redis.SAFE_PUBLISHER`` no flush runs beside the sender: 2 of 2 land; with the background
-    flush (Prefect's batch of 5, flushed every second), 1 of 2."""
-    from espnet3_prefect.server.redis import SAFE_PUBLISHER, start_redis
-
-    redis = start_redis(tmp_path / "state")
-    try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-        env.update(redis.prefect_environ(), PYTHONPATH=str(ROOT))
-
-        def landed(settings: dict) -> int:
-            run = subprocess.run(
-                [sys.executable, "-m", "tests.helpers.redis_race"],
-                env=settings,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                cwd=ROOT,
-            )
-            assert run.returncode == 0, run.stderr[-3000:]
-            return int(run.stdout.split()[-1])
-
-        assert landed(env) == 2  # ours (the count is of every stream in this Redis)
-        stock = {k: v for k, v in env.items() if k not in SAFE_PUBLISHER}
-        assert landed({**stock, "PREFECT_REDIS_MESSAGING_PUBLISHER_PUBLISH_EVERY": "1"}) - 2 == 1
+        assert counts(ours, "tests.helpers.redis_pump", "3", "2") == [3, 3]  # in the stream at once
+        assert counts(prefects, "tests.helpers.redis_pump", "3", "2") == [3, 6]  # held until it disconnects
+        assert counts(ours, "tests.helpers.redis_race") == [6 + 2]  # none dropped
+        flushing = {**prefects, "PREFECT_REDIS_MESSAGING_PUBLISHER_PUBLISH_EVERY": "1"}
+        assert counts(flushing, "tests.helpers.redis_race") == [8 + 1]  # the second event dropped
     finally:
         redis.stop()
