@@ -159,7 +159,11 @@ def run_shards(
     with LostWorkers(runner.client, pending, log=get_logger()):
         for done in as_completed(futures, loop=runner.client.loop):
             if no_workers is not None and no_workers.gone:
-                raise Espnet3PrefectError(f"{what}: {no_workers.gone}; {outcome.run + outcome.cached} shard(s) done")
+                done = shards_done(stage, shards)  # their markers, not the results gathered (a dead
+                # worker can take a finished shard's result with it)
+                raise Espnet3PrefectError(
+                    f"{what}: {no_workers.gone}; {done} of the {len(shards)} shards it ran are done"
+                )
             failures += _book(runner, done, pending, outcome, progress, what)
     outcome.timing["wall_s"] = round(time.perf_counter() - submitted, 4)
     if failures:
@@ -190,6 +194,16 @@ def _book(runner, done, pending: dict, outcome: ShardOutcome, progress: Progress
     outcome.failed += result.get("failed", 0)
     progress.advance(shard.n_items)
     return []
+
+
+def shards_done(stage, shards: list[Shard]) -> int:
+    """How many of ``shards`` have a done marker that holds (the one record of a finished shard)."""
+    from espnet3_prefect.disk.marker import check_marker
+
+    work = stage.work
+    return sum(
+        check_marker(work.layout.shard_dir(s.index), work.marker_expectation(s.start, s.stop)) is None for s in shards
+    )
 
 
 def get_logger():
