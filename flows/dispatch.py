@@ -26,6 +26,7 @@ from espnet3_prefect.execution.run_states import (
 from espnet3_prefect.pipeline.lock import RunLock, acquire
 from espnet3_prefect.pipeline.plan import Shard, longest_first
 from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
+from espnet3_prefect.pipeline.resume import redo_reason
 from espnet3_prefect.pipeline.stage import Stage, StageWork
 from espnet3_prefect.pipeline.summary import ShardOutcome
 from espnet3_prefect.tasks.build_env import build_env
@@ -113,13 +114,7 @@ class DaskExecutor:
 
 
 def run_shards(
-    runner,
-    stage,
-    shards: list[Shard],
-    *,
-    what: str | None = None,
-    kind: str = "infer",
-    no_workers: NoWorkers | None = None,
+    runner, stage, shards: list[Shard], *, what: str | None = None, kind: str = "infer", no_workers: NoWorkers
 ) -> ShardOutcome:
     """Submit ``shards`` (each one runs: the driver left out those already done) and book them as they
     finish. The first failure that a retry cannot fix
@@ -154,13 +149,13 @@ def run_shards(
     outcome = ShardOutcome(timing=empty_timing())
     failures = []
     futures = [f.wrapped_future for f, _ in pending.values()]
-    if no_workers is not None:
-        no_workers.cancels(futures)
+    no_workers.cancels(futures)
     with LostWorkers(runner.client, pending, log=get_logger()):
         for done in as_completed(futures, loop=runner.client.loop):
-            if no_workers is not None and no_workers.gone:
-                done = shards_done(stage, shards)  # their markers, not the results gathered (a dead
-                # worker can take a finished shard's result with it)
+            if no_workers.gone:
+                # done by their markers, not by the results gathered (a dead worker can take a
+                # finished shard's result with it)
+                done = sum(redo_reason(stage, s) is None for s in shards)
                 raise Espnet3PrefectError(
                     f"{what}: {no_workers.gone}; {done} of the {len(shards)} shards it ran are done"
                 )
@@ -194,16 +189,6 @@ def _book(runner, done, pending: dict, outcome: ShardOutcome, progress: Progress
     outcome.failed += result.get("failed", 0)
     progress.advance(shard.n_items)
     return []
-
-
-def shards_done(stage, shards: list[Shard]) -> int:
-    """How many of ``shards`` have a done marker that holds (the one record of a finished shard)."""
-    from espnet3_prefect.disk.marker import check_marker
-
-    work = stage.work
-    return sum(
-        check_marker(work.layout.shard_dir(s.index), work.marker_expectation(s.start, s.stop)) is None for s in shards
-    )
 
 
 def get_logger():

@@ -56,7 +56,7 @@ class ParallelSpec:
     allow_overwrite_lock: bool = False
     tls: bool | None = None
     #: seconds a run waits with no worker, once it has had one, before it stops (None: forever)
-    no_worker_timeout_s: float | None = 300.0
+    no_worker_timeout_s: float | None = Backend.no_worker_timeout_s
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None) -> ParallelSpec:

@@ -23,6 +23,12 @@ from espnet3_prefect.pipeline.stage import Stage
 from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary
 
 
+def redo_reason(stage: Stage, shard: Shard) -> str | None:
+    """Why ``shard`` must run again, or None when its done marker and files hold: the one record of a
+    finished shard (:func:`~espnet3_prefect.disk.marker.check_marker`, against this stage's plan)."""
+    return check_marker(stage.layout.shard_dir(shard.index), stage.work.marker_expectation(shard.start, shard.stop))
+
+
 def shards_to_redo(stage: Stage, shards: list[Shard], log: Callable[[str], None]) -> dict[int, bool]:
     """``{shard index: must run}``; logs why, for a few shards, when it is not just "not run yet"."""
     if not stage.resume:
@@ -30,9 +36,7 @@ def shards_to_redo(stage: Stage, shards: list[Shard], log: Callable[[str], None]
         return {s.index: True for s in shards}
     redo, reasons = {}, []
     for shard in shards:
-        reason = check_marker(
-            stage.layout.shard_dir(shard.index), stage.work.marker_expectation(shard.start, shard.stop)
-        )
+        reason = redo_reason(stage, shard)
         redo[shard.index] = reason is not None
         if reason is not None and "no done marker" not in reason:
             reasons.append(reason)
@@ -79,9 +83,7 @@ def already_complete(stage: Stage, sizing: Sizing | None) -> tuple[StageSummary 
     if len(shards) != record.get("num_shards"):
         return None, "the shard plan changed"
     for shard in shards:
-        reason = check_marker(
-            stage.layout.shard_dir(shard.index), stage.work.marker_expectation(shard.start, shard.stop)
-        )
+        reason = redo_reason(stage, shard)
         if reason is not None:
             return None, reason
     reason = merged_outputs_intact(stage.layout, record)
