@@ -29,7 +29,7 @@ The runs, one after another on one embedded Prefect server, each into a fresh fo
 
 Each run reports ``wall_s`` (the ``infer`` call: cluster start, model builds, decoding, merge),
 ``rtfx`` (audio seconds / wall seconds), ``padding_efficiency`` (real / padded seconds over the
-batches run, from the shards' done markers), ``wer``/``cer`` (word/character edit distance over
+batches run, as the run's summary sums them from its shards), ``wer``/``cer`` (word/character edit distance over
 the references, ours: :func:`error_rate`) and whether its hypotheses and their line order equal
 ``upstream_b4``'s. With ``--bare``: the same model in this process over the duration batches of
 the whole set, no flow (``bare_duration``), as the floor of what batching alone can give. On a GPU,
@@ -271,24 +271,6 @@ def error_rate(refs: list[str], hyps: list[str], unit: str) -> float:
     return round(100.0 * errors / max(1, sum(len(split(r)) for r in refs)), 2)
 
 
-def padding_of(test_dir: Path, seconds: np.ndarray, batch_size: int, max_duration: float | None) -> dict:
-    """``{"real", "padded"}`` seconds of the batches the shards ran (the shards' ranges from their
-    done markers; their batches cut as the stage cuts them: consecutive, or by duration)."""
-    from espnet3_prefect.pipeline.duration import duration_batches, padding
-
-    total = {"real": 0.0, "padded": 0.0}
-    for marker in test_dir.glob("split.*/done"):
-        done = json.loads(marker.read_text())
-        items = range(done["start"], done["stop"])
-        if max_duration is None:
-            batches = [list(items[k : k + batch_size]) for k in range(0, len(items), batch_size)]
-        else:
-            batches = duration_batches(items, seconds[done["start"] : done["stop"]], max_duration, batch_size)
-        summed = padding(batches, {i: float(seconds[i]) for i in items})
-        total = {key: total[key] + summed[key] for key in total}
-    return total
-
-
 def run_infer(args, model, work: Path, name: str, batch_size: int, max_duration: float | None, sampler, seconds):
     import yaml
 
@@ -299,11 +281,11 @@ def run_infer(args, model, work: Path, name: str, batch_size: int, max_duration:
     path.write_text(yaml.safe_dump(config(args, model, out_dir, batch_size, max_duration)))
     sampler.start()
     started = time.perf_counter()
-    infer(config=[str(path)])
+    [summary] = infer(config=[str(path)])
     wall = time.perf_counter() - started
     busy = sampler.stop()
     test_dir = out_dir / "digits"
-    padding = padding_of(test_dir, seconds, batch_size, max_duration)
+    padding = summary["timing"]["padding"]  # the batches the shards ran, summed from their reports
     return {
         "run": name,
         "batch_size": batch_size,

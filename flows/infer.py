@@ -69,9 +69,9 @@ def infer(
             spec.n_workers,
             ", ".join(s.test_set for s in stages),
         )
-        max_duration = next((s.work.max_duration for s in stages if s.work.max_duration is not None), None)
-        if max_duration is not None:  # once per run: every test set shares the runner block
-            logger.warning(caveat(max_duration))
+        keyed = next((s.work for s in stages if s.work.max_duration is not None), None)
+        if keyed is not None:  # once per run: every test set shares the runner block
+            logger.warning(caveat(keyed.max_duration, whole_test_set=keyed.length_order))
         summaries = _run_stages(plan, logger)
     finally:
         lock.release()

@@ -5,6 +5,11 @@ Which files a merge produced is found by comparing the output folder before and 
 recipe's ``merge`` may return None, True, a dict or anything), and recorded with their checksums in
 ``.merged.json``, the commit record of a finished test set. The streamed, atomic
 concatenation our own runners use is :func:`espnet3_prefect.disk.concat.concat_files`.
+
+A test set planned in length order (``runner.max_duration`` over the whole test set) has shards whose
+lines are in length order; once the runner's ``merge`` has concatenated them, each merged ``.scp`` is put
+back in dataset order by its lines' ``utt_id`` (:func:`put_in_dataset_order`), before the commit record
+is written: a merged file is never recorded, nor left as done, in any other order.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from espnet3_prefect._internal.atomic import atomic_write_text, file_digest
+from espnet3_prefect._internal.atomic import atomic_open, atomic_write_text, file_digest
 from espnet3_prefect.disk.concat import concat_files
 from espnet3_prefect.disk.layout import DONE_NAME, FAILURES_NAME, MANIFEST_NAME, StageLayout, shard_index
 from espnet3_prefect.disk.marker import read_marker
@@ -138,13 +143,19 @@ def merge_stage(
     layout = stage.layout
     dirs, failed = ready_to_merge(stage, shards, n_items, log.warning, what=what)
     started = time.perf_counter()
-    if not record:
+    reorder = getattr(stage.work, "length_order", False)
+    if not record and not reorder:
         result = stage.runner.merge(dirs)
         log.info("merged %d shards of %s in %.2f s", len(dirs), layout.root, time.perf_counter() - started)
         return result, {}
     before = snapshot(layout.output_dir)
     result = stage.runner.merge(dirs)
     outputs = written_since(layout.output_dir, before)
+    if reorder:
+        moved = put_in_dataset_order(outputs, dirs, what or f"test set {stage.test_set!r}")
+        log.info("%s: merged lines put back in dataset order (%d files)", stage.test_set, moved)
+    if not record:
+        return result, {}
     written = write_merged_record(
         layout,
         {
@@ -164,3 +175,54 @@ def merge_stage(
         ", ".join(written["outputs"]) or "no files",
     )
     return result, {**written["outputs"], **({"failures": str(layout.failures)} if failed else {})}
+
+
+def put_in_dataset_order(files: list[Path], shard_dirs: list[Path], what: str) -> int:
+    r"""Sort the lines of each ``.scp`` in ``files`` by the dataset index of their ``utt_id`` (the first
+    token), which the shards' done markers record (``keys``: ``[index, utt_id]`` for each result written);
+    the bytes of each line are kept. Returns how many files were sorted. A ``utt_id`` of two items, or a
+    line whose ``utt_id`` no shard recorded, fails on one line naming it: never a file in another order.
+
+    >>> import json, tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> (root / "split.0").mkdir()
+    >>> _ = (root / "split.0" / "done").write_text(json.dumps({"keys": [[2, "c"], [0, "a"], [1, "b"]]}))
+    >>> _ = (root / "hyp.scp").write_text("c C\na A\nb B\n")
+    >>> put_in_dataset_order([root / "hyp.scp"], [root / "split.0"], "test set 't'")
+    1
+    >>> (root / "hyp.scp").read_text()
+    'a A\nb B\nc C\n'
+    """
+    position: dict[bytes, int] = {}
+    for shard_dir in shard_dirs:
+        for index, key in (read_marker(shard_dir) or {}).get("keys", []):
+            earlier = position.setdefault(key.encode("utf-8"), index)
+            if earlier != index:
+                raise Espnet3PrefectError(
+                    f"{what}: utt_id {key!r} is the id of items {earlier} and {index}; runner.max_duration puts "
+                    f"the merged lines back in dataset order by utt_id, so each item needs its own (drop the key)"
+                )
+    sorted_files = 0
+    for path in files:
+        if path.suffix != ".scp":
+            continue
+        data = path.read_bytes()
+        lines = data.split(b"\n")
+        ends = lines[-1] == b""
+        if ends:
+            lines.pop()
+        ranked = []
+        for number, line in enumerate(lines):
+            key = line.split(b" ", 1)[0]
+            if key not in position:
+                raise Espnet3PrefectError(
+                    f"{what}: {path} line {number + 1}: {key.decode('utf-8', 'replace')!r} is not the utt_id of an "
+                    f"item the shards wrote, so the file cannot be put back in dataset order (runner.max_duration)"
+                )
+            ranked.append((position[key], number))
+        text = b"\n".join(lines[number] for _, number in sorted(ranked)) + (b"\n" if ends else b"")
+        if text != data:
+            with atomic_open(path, "wb") as out:
+                out.write(text)
+        sorted_files += 1
+    return sorted_files

@@ -13,12 +13,23 @@ counts (:func:`balanced_cuts`): still contiguous, on batch boundaries, the same 
 same plan for the same lengths; the lengths' fingerprint joins the stage identity, so changed
 lengths re-plan.
 
-With ``runner.max_duration`` (:mod:`espnet3_prefect.pipeline.duration`) the shards are the same
-contiguous ranges, cut the same way; only what each ``forward`` call gets changes
-(:meth:`Shard.forward_units`: the shard's items sorted by length and cut on the budget), while
-:meth:`Shard.units` stays upstream's consecutive batches: the grouping the results are handed to the
-hooks in, and what ``manifest.json`` lists (so upstream ``infer()`` resuming the folder runs its own
-batches and writes its lines in order).
+With ``runner.max_duration`` (:mod:`espnet3_prefect.pipeline.duration`) there are two plans:
+
+- **length order** (:func:`plan_length_order`; for a runner whose ``merge`` concatenates SCP files,
+  as ESPnet3's ``InferenceRunner`` does, see :func:`~.duration.sorts_whole_test_set`): the whole test
+  set is sorted longest first and cut into batches on the budget, and the shards are runs of those
+  batches (``Shard.length_order``: ``indices`` holds the items in that order, ``start``/``stop`` are
+  positions in it). A shard's batches are the ones the whole set would have, so the padding is that
+  of the whole set sorted; the driver puts the merged files back in dataset order.
+- **within each shard** (any other runner): the shards are the same contiguous ranges, cut the same
+  way; only what each ``forward`` call gets changes (:meth:`Shard.forward_units`: the shard's items
+  sorted by length and cut on the budget), while :meth:`Shard.units` stays upstream's consecutive
+  batches: the grouping the results are handed to the hooks in, so every file is in dataset order
+  whatever the runner's ``merge`` does.
+
+``manifest.json`` lists :meth:`Shard.units`: upstream ``infer()`` resuming such a folder finds a plan
+other than its own and refuses (its "shard plan changed"), or, within each shard, runs its own batches
+and writes its lines in order.
 
 With ``parallel.shard_duration`` (opt-in) the shard *count* comes from the lengths instead:
 ``ceil(total length / shard_duration)`` shards, cut by :func:`balanced_cuts` as above (so still
@@ -71,24 +82,40 @@ class Shard:
     #: the shard's own dataset indices when the run is over an explicit index list (``runner(indices)``);
     #: None when the items are ``range(start, stop)`` of the dataset (the infer stage)
     indices: tuple | None = None
-    #: the items' lengths (``lengths()`` of ``range(start, stop)``) as float64 little-endian bytes, when
+    #: the items' lengths (``lengths()`` of :meth:`items`, in order) as float64 little-endian bytes, when
     #: the dataset has them: the shard's padding is measured on them (bytes: cheap to ship and to search);
     #: not part of the plan's equality (the plan is the ranges and batches)
     lengths: bytes | None = field(default=None, compare=False, repr=False)
     #: ``runner.max_duration``: ``forward`` gets batches cut by length (None: upstream's batches)
     max_duration: float | None = None
+    #: the items are a run of the whole test set sorted longest first (:func:`plan_length_order`):
+    #: ``indices`` in that order, ``start``/``stop`` positions in it; results reach the hooks batch by
+    #: batch as they run, and the merge puts the lines back in dataset order
+    length_order: bool = False
 
     @property
     def n_items(self) -> int:
         return self.stop - self.start
 
+    def items(self) -> Sequence[int]:
+        """The shard's dataset indices, in its order.
+
+        >>> list(Shard("t", 0, 4, 7).items()), Shard("t", 0, 0, 2, indices=(9, 3)).items()
+        ([4, 5, 6], (9, 3))
+        """
+        return self.indices if self.indices is not None else range(self.start, self.stop)
+
     def units(self) -> Iterator[Unit]:
-        """What each ``forward`` call gets, in order.
+        """The batches the results are handed to the hooks in (and ``manifest.json`` lists): upstream's
+        consecutive batches, or in length order the batches ``forward`` gets.
 
         >>> list(Shard("t", 0, 4, 9, batch_size=2).units())
         [[4, 5], [6, 7], [8]]
         """
-        items = self.indices if self.indices is not None else range(self.start, self.stop)
+        if self.length_order:
+            yield from self.forward_units()
+            return
+        items = self.items()
         if self.batch_size is None:
             yield from items
             return
@@ -108,10 +135,10 @@ class Shard:
             return list(self.units())
         from espnet3_prefect.pipeline.duration import duration_batches
 
-        return duration_batches(range(self.start, self.stop), self.item_lengths(), self.max_duration, self.batch_size)
+        return duration_batches(self.items(), self.item_lengths(), self.max_duration, self.batch_size)
 
     def item_lengths(self) -> list[float] | None:
-        """The lengths of ``range(start, stop)``, or None when the dataset has none."""
+        """The lengths of :meth:`items`, in that order, or None when the dataset has none."""
         if self.lengths is None:
             return None
         import numpy as np
@@ -170,10 +197,11 @@ def shard_cost(shard: Shard) -> float:
     values = shard.item_lengths()
     if values is None:
         return float(shard.n_items)
+    length_of = dict(zip(shard.items(), values))
     total = 0.0
     for unit in shard.forward_units():
         items = unit if isinstance(unit, list) else [unit]
-        total += max(values[i - shard.start] for i in items) * len(items)
+        total += max(length_of[i] for i in items) * len(items)
     return total
 
 
@@ -238,6 +266,46 @@ def plan_shards(
         own = None if indices is None else tuple(int(i) for i in indices[start:stop])
         own_lengths = None if values is None else values[start:stop].tobytes()
         shards.append(Shard(test_set, index, start, stop, batch_size, own, own_lengths, max_duration))
+    return shards
+
+
+def plan_length_order(
+    test_set: str, lengths: Sequence[float], num_shards: int, batch_size: int, max_duration: float
+) -> list[Shard]:
+    """Shards of the whole test set sorted longest first (ties: lower index first), cut into batches
+    on ``max_duration`` and ``batch_size`` (:func:`~.duration.duration_batches`), then into at most
+    ``num_shards`` runs of whole batches of about equal padded length (:func:`balanced_cuts`; equal
+    batch counts when every length is zero). The same lengths always give the same plan. Each shard's
+    :meth:`Shard.forward_units` are exactly its run of the whole set's batches.
+
+    >>> shards = plan_length_order("t", [1, 5, 2, 2, 9, 1], 2, 3, 6.0)
+    >>> [(s.start, s.stop, s.indices) for s in shards]
+    [(0, 1, (4,)), (1, 6, (1, 2, 3, 0, 5))]
+    >>> [s.forward_units() for s in shards]
+    [[[4]], [[1], [2, 3, 0], [5]]]
+    """
+    from espnet3_prefect.pipeline.duration import duration_batches
+
+    values = _as_float64(lengths)
+    n_items = len(values)
+    if n_items <= 0:
+        raise ValueError(f"test set {test_set!r}: cannot plan shards for {n_items} items")
+    batches = duration_batches(range(n_items), values, max_duration, batch_size)
+    num_shards = max(1, min(num_shards, len(batches)))
+    costs = [float(values[b].max()) * len(b) for b in batches]
+    cuts = balanced_cuts(costs, num_shards)
+    if cuts is None:
+        base, extra = divmod(len(batches), num_shards)
+        cuts = [0]
+        for index in range(num_shards):
+            cuts.append(cuts[-1] + base + (1 if index < extra else 0))
+    shards, position = [], 0
+    for index in range(num_shards):
+        own = tuple(i for batch in batches[cuts[index] : cuts[index + 1]] for i in batch)
+        own_lengths = values[list(own)].tobytes()
+        stop = position + len(own)
+        shards.append(Shard(test_set, index, position, stop, batch_size, own, own_lengths, max_duration, True))
+        position += len(own)
     return shards
 
 

@@ -17,7 +17,13 @@ from espnet3_prefect.disk.layout import StageLayout
 from espnet3_prefect.disk.marker import check_marker
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.pipeline.merge import merged_outputs_intact, read_merged_record
-from espnet3_prefect.pipeline.plan import Shard, default_num_shards, duration_shard_count, plan_shards
+from espnet3_prefect.pipeline.plan import (
+    Shard,
+    default_num_shards,
+    duration_shard_count,
+    plan_length_order,
+    plan_shards,
+)
 from espnet3_prefect.pipeline.sizing import Sizing, no_lengths
 from espnet3_prefect.pipeline.stage import Stage
 from espnet3_prefect.pipeline.summary import ShardOutcome, StageSummary
@@ -104,8 +110,9 @@ def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:
     """The stage's shard plan for ``n_items`` items (``parallel.num_shards``, the count
     ``parallel.shard_duration`` gives, capped by the stage's share of the flow run's task runs, or
     the default count), balanced on the dataset's ``lengths()`` when it has them; with
-    ``runner.max_duration`` the same shards, whose ``forward`` calls get batches cut by length (both
-    keys need the lengths)."""
+    ``runner.max_duration`` runs of the whole test set's batches cut by length
+    (:func:`~.plan.plan_length_order`, as many shards), or for a runner whose merge cannot be reordered
+    the same shards, whose ``forward`` calls get batches cut by length (both keys need the lengths)."""
     batch_size = stage.work.batch_size
     max_duration = stage.work.max_duration
     shard_duration = getattr(stage, "shard_duration", None)
@@ -115,6 +122,8 @@ def plan_for(stage: Stage, n_items: int, lengths=None) -> list[Shard]:
         count = duration_shard_count(lengths, batch_size, shard_duration, stage.max_shards)
     else:
         count = stage.num_shards or default_num_shards(n_items, stage.n_workers, batch_size)
+    if stage.work.length_order:
+        return plan_length_order(stage.test_set, lengths, count, batch_size, max_duration)
     return plan_shards(stage.test_set, n_items, count, batch_size, lengths=lengths, max_duration=max_duration)
 
 

@@ -14,7 +14,9 @@ runs, see :mod:`espnet3_prefect.pipeline.prefetch`) and where the time goes (:cl
 carried in the shard's summary and its marker).
 
 With ``runner.max_duration`` the shard's ``forward`` calls get batches cut by length, and the results
-reach the hooks in dataset order, grouped as upstream's batches (:mod:`espnet3_prefect.pipeline.duration`).
+reach the hooks in dataset order, grouped as upstream's batches, or, for a shard of the whole test set in
+length order, batch by batch as they run, the marker recording which item each ``utt_id`` is (``keys``,
+what the merge puts the lines back in dataset order by; :mod:`espnet3_prefect.pipeline.duration`).
 When the items' lengths are known, the summary's ``padding`` says how much of the batches was padding.
 """
 
@@ -106,6 +108,7 @@ def _process_shard(
         _clear(shard_dir)
         units = shard.forward_units()
         halving = None if shard.max_duration is None else Halving(shard.index, log)
+        keys: list | None = [] if shard.length_order else None
         with GpuBusy() as gpu:  # sampled only where NVML and a GPU are there
             failures = drive(
                 runner_cls,
@@ -119,6 +122,7 @@ def _process_shard(
                 log=log,
                 hand_over=None if shard.max_duration is None else list(shard.units()),
                 halving=halving,
+                keys=keys,
             )
         committing = time.perf_counter()
         if failures:
@@ -141,6 +145,7 @@ def _process_shard(
             "seconds": seconds,
             "host": socket.gethostname(),
             "job_id": current_job_id(),  # the batch job it ran in (None outside one)
+            **({"keys": keys} if keys is not None else {}),
         }
         timing.write_s += time.perf_counter() - committing
         marking = time.perf_counter()
@@ -148,7 +153,7 @@ def _process_shard(
         timing.write_s += time.perf_counter() - marking  # checksums + fsyncs: in the summary, not in the marker
     finally:
         release_shard_lock(layout.shard_lock(shard.index))
-    items = shard.indices if shard.indices is not None else range(shard.start, shard.stop)
+    items = shard.items()
     lengths, extra = shard.item_lengths(), {}
     if lengths is None:  # the driver knew none: this shard's audio headers, for the report only
         lengths = _report_seconds(env.get("dataset"), items, shard_dir.name, log)
@@ -211,12 +216,14 @@ def drive(
     log: Callable[[str], Any] | None = None,
     hand_over: list[Unit] | None = None,
     halving: Halving | None = None,
+    keys: list | None = None,
 ) -> list[dict]:
     """``init_state`` -> ``forward`` + ``reduce_state`` per unit -> ``finalize_state``.
 
     ``hand_over`` (batches by duration): the results of ``units`` (any order) reach ``reduce_state``
     in the order and grouping of these units instead (:class:`~.duration.InOrder`); a batch that runs
     out of memory is then split in halves (``halving``, :mod:`~.oom`; ignored without ``hand_over``).
+    ``keys`` (with ``hand_over``): filled with ``[index, utt_id]`` for each result handed on.
 
     With ``prefetch`` > 0 and a dataset that can have a view (:mod:`espnet3_prefect.pipeline.prefetch`),
     ``forward`` gets that view as ``dataset`` while the next ``prefetch`` units are read ahead; every
@@ -236,7 +243,8 @@ def drive(
     if prefetcher is not None:
         forward_env, label_env = {**env, "dataset": prefetcher.view}, {**env, "dataset": _Peek(prefetcher)}
         timing.prefetch = prefetch
-    in_order = None if hand_over is None else InOrder(hand_over, getattr(runner_cls, "__qualname__", "runner"))
+    name = getattr(runner_cls, "__qualname__", "runner")
+    in_order = None if hand_over is None else InOrder(hand_over, name, keys, idx_key)
     if in_order is None:
         halving = None  # upstream's batches: an out-of-memory error fails them as upstream's infer() would
     calls = _ForwardCalls(hooks.forward, forward_env, on_error, failures, idx_key, label_env, halving)

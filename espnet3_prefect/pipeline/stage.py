@@ -37,7 +37,7 @@ from espnet3_prefect.config.targets import instantiate, load_callable, locate
 from espnet3_prefect.disk.layout import StageLayout
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.spec import ParallelSpec
-from espnet3_prefect.pipeline.duration import check_max_duration
+from espnet3_prefect.pipeline.duration import check_max_duration, sorts_whole_test_set
 from espnet3_prefect.pipeline.env import EnvBuilder
 from espnet3_prefect.pipeline.plan import MAX_SHARD_TASKS_PER_FLOW
 from espnet3_prefect.pipeline.provider_params import load_contract, stage_params
@@ -65,9 +65,13 @@ class StageWork:
     cwd: str = ""
     #: ``runner.prefetch``: units read ahead of ``forward`` in a background thread (0: off)
     prefetch: int = DEFAULT_PREFETCH
-    #: ``runner.max_duration``: batches cut by length inside each shard, in the units of the dataset's
-    #: ``lengths()`` (None: upstream's consecutive batches); part of the config, so of the fingerprint
+    #: ``runner.max_duration``: batches cut by length, in the units of the dataset's ``lengths()`` (None:
+    #: upstream's consecutive batches); part of the config, so of the fingerprint
     max_duration: float | None = None
+    #: with ``max_duration``: the whole test set is sorted (shards are runs of its batches, the merged
+    #: files put back in dataset order), else each shard's items (:func:`~.duration.sorts_whole_test_set`);
+    #: part of the identity
+    length_order: bool = False
 
     def marker_expectation(self, start: int, stop: int) -> dict:
         return {"fingerprint": self.fingerprint, "identity": self.identity, "start": start, "stop": stop}
@@ -181,6 +185,9 @@ def _stage(
         "config": identity_config(for_test_set(cfg, name)),
         "code": code_identity(runner_cls, type(provider), output_fn),
     }  # the dataset's id joins later
+    length_order = max_duration is not None and sorts_whole_test_set(type(runner))
+    if length_order:  # another plan than the one sorted in each shard, over the same config and code
+        identity["order"] = "length, whole test set"
     setup = worker_setup(provider)
     layout = StageLayout(out_dir, shard_subdir)
     work = StageWork(
@@ -197,6 +204,7 @@ def _stage(
         cwd=os.getcwd(),
         prefetch=control["prefetch"],
         max_duration=max_duration,
+        length_order=length_order,
     )
     stage = Stage(
         work=work,

@@ -173,6 +173,16 @@ class BatchLogRunner(InferenceRunner):
         return InferenceRunner.forward(idx, **env)
 
 
+class OwnMergeRunner(BatchLogRunner):
+    """:class:`BatchLogRunner` with a recipe's own ``merge`` (``y.scp`` only, its shards' lines in shard
+    order): a merge the driver cannot reorder, so ``runner.max_duration`` sorts within each shard."""
+
+    def merge(self, shard_dirs):
+        with open(Path(self.output_dir) / "y.scp", "w", encoding="utf-8") as out:
+            for shard_dir in shard_dirs:
+                out.write((Path(shard_dir) / "y.scp").read_text(encoding="utf-8"))
+
+
 class DiskFullRunner(CountingRunner):
     """The toy runner whose output writes fail with ENOSPC while the file ``full_flag`` exists."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .compare import inference_problems, snapshot, stats_problems
+from .compare import inference_problems, merged_scp, set_names, snapshot, stats_problems
 from .conftest import METRICS, TRAINING, Recipe
 
 pytestmark = [pytest.mark.realespnet, pytest.mark.slow]
@@ -90,6 +90,30 @@ def test_plain_cli_infer_then_metrics_matches_upstream(mini_an4):
         label="measure",
     )
     assert_same_as_oracle(mini_an4, out)
+
+
+def test_batches_by_duration_keep_upstreams_utterances_in_upstreams_order(mini_an4):
+    """``runner.max_duration`` on the real recipe (its runner, ESPnet3's ``ASRInferenceRunner``, writes and
+    merges SCP files, so the whole test set is sorted by its audio headers' lengths and the merged lines
+    are put back in dataset order): every merged file has upstream's utterances, in upstream's order."""
+    out = fresh(mini_an4.recipe / "exp" / "training" / "inference_duration")
+    mini_an4.run(
+        "ours_cli_infer_duration",
+        [*cli(), "infer", "--config", PARALLEL, f"inference_dir={out}", "batch_size=4", "+runner.max_duration=12",
+         "--training-config", "conf/training.yaml"],
+        label="infer, batches by duration",
+    )  # fmt: skip
+    oracle = mini_an4.serial_dir
+    for name in set_names(oracle):
+        scps = [rel for rel in merged_scp(oracle / name) if not rel.startswith("dataset/")]
+        assert scps and set(scps) <= set(merged_scp(out / name)), (name, scps)
+        for rel in scps:
+            keys = [line.split(" ", 1)[0] for line in (out / name / rel).read_text(encoding="utf-8").splitlines()]
+            assert keys == [
+                line.split(" ", 1)[0] for line in (oracle / name / rel).read_text(encoding="utf-8").splitlines()
+            ], (name, rel)
+        shards = sorted((out / name).glob("split.*/done"))
+        assert shards and all('"keys"' in done.read_text() for done in shards)  # planned in length order
 
 
 def test_collect_stats_matches_upstream(mini_an4):

@@ -4,6 +4,7 @@ hand-over to the hooks, the padding measured per shard, and nothing changed with
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from espnet3_prefect import ConfigError
 from espnet3_prefect.config.load import load_config
 from espnet3_prefect.disk.layout import StageLayout
 from espnet3_prefect.pipeline.duration import InOrder, check_max_duration, duration_batches, padding
-from espnet3_prefect.pipeline.plan import Shard, plan_shards
+from espnet3_prefect.pipeline.plan import Shard, plan_shards, shard_cost
 from espnet3_prefect.pipeline.resume import plan_for
 from espnet3_prefect.pipeline.shard import drive, process_shard
 from espnet3_prefect.pipeline.sizing import require_lengths, size_on_driver
@@ -111,10 +112,12 @@ def test_a_dataset_without_lengths_refuses_the_key_on_one_line(tmp_path):
         plan_for(stage, 10)  # a provider without build_dataset(): no lengths to plan on
 
 
-def test_with_the_key_shards_are_the_same_ranges_and_batches_follow_the_budget(tmp_path):
+def test_with_a_runner_of_its_own_merge_shards_are_the_same_ranges_and_batches_follow_the_budget(tmp_path):
     lengths = [1.0, 4.0, 2.0, 2.0, 9.0, 1.0, 3.0, 3.0, 0.5, 6.0]
-    [plain] = _stages(tmp_path, lengths=lengths)
-    [keyed] = _stages(tmp_path, "+runner.max_duration=6", lengths=lengths)
+    own = "runner._target_=tests.helpers.toy.OwnMergeRunner"
+    [plain] = _stages(tmp_path, own, lengths=lengths)
+    [keyed] = _stages(tmp_path, own, "+runner.max_duration=6", lengths=lengths)
+    assert not keyed.work.length_order and "order" not in keyed.work.identity
     sizing = size_on_driver(keyed)
     before, after = plan_for(plain, 10, sizing.lengths), plan_for(keyed, 10, sizing.lengths)
     assert [(s.start, s.stop) for s in after] == [(s.start, s.stop) for s in before]
@@ -123,6 +126,35 @@ def test_with_the_key_shards_are_the_same_ranges_and_batches_follow_the_budget(t
         own = shard.item_lengths()
         indices = list(range(shard.start, shard.stop))
         _check_batches(indices, own, 6.0, 4, shard.forward_units())
+
+
+def test_with_an_scp_runner_the_whole_test_set_is_sorted_and_the_shards_are_runs_of_its_batches(tmp_path):
+    rng = random.Random(3)
+    lengths = [round(rng.uniform(0.2, 12.0), 2) for _ in range(41)]
+    [keyed] = _stages(tmp_path, "+runner.max_duration=16", lengths=lengths)
+    assert keyed.work.length_order and keyed.work.identity["order"] == "length, whole test set"
+    [plain_order] = _stages(tmp_path, "runner._target_=tests.helpers.toy.OwnMergeRunner", "+runner.max_duration=16",
+                            lengths=lengths)  # fmt: skip
+    assert plain_order.work.fingerprint != keyed.work.fingerprint  # another plan: shards are never mixed
+    sizing = size_on_driver(keyed)
+    shards = plan_for(keyed, len(lengths), sizing.lengths)
+    whole = duration_batches(range(len(lengths)), lengths, 16.0, 4)
+    assert len(shards) == 3 and [u for s in shards for u in s.forward_units()] == whole
+    assert [list(s.units()) for s in shards] == [s.forward_units() for s in shards]  # handed over as they run
+    _check_batches(list(range(len(lengths))), lengths, 16.0, 4, whole)
+    position = 0
+    for shard in shards:  # start/stop: positions in the sorted order, the items in that order
+        assert shard.length_order and (shard.start, shard.stop) == (position, position + len(shard.indices))
+        assert shard.item_lengths() == [lengths[i] for i in shard.indices]
+        position = shard.stop
+    assert position == len(lengths)
+    costs = [shard_cost(s) for s in shards]
+    assert max(costs) < 1.5 * sum(costs) / len(costs)  # balanced on padded length
+    assert plan_for(keyed, len(lengths), sizing.lengths) == shards  # the same lengths, the same plan
+    length_of = dict(enumerate(lengths))
+    whole_padding = padding(whole, length_of)
+    per_shard = [padding(s.forward_units(), length_of) for s in shards]
+    assert sum(p["padded"] for p in per_shard) == pytest.approx(whole_padding["padded"])
 
 
 def test_without_the_key_the_units_are_exactly_todays(tmp_path):
@@ -255,3 +287,87 @@ def test_padding_is_summed_with_the_timing():
     assert total["padding"] == {"batches": 4, "real": 8.0, "padded": 10.5}
     assert "padding" not in add_timing(empty_timing(), {"seconds": 1.0, "timing": {}})
     assert np.isclose(total["padding"]["real"] / total["padding"]["padded"], 8.0 / 10.5)
+
+
+# -- the whole test set in length order: written as it runs, merged back in dataset order ---------
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_length_order_shard_writes_each_batch_as_it_runs_and_its_marker_says_whose_lines_they_are(tmp_path, on_error):
+    from espnet3_prefect.disk.marker import read_marker
+    from espnet3_prefect.pipeline.plan import plan_length_order
+
+    shards = plan_length_order("t", LENGTHS, 2, 4, 8.0)
+    layout = StageLayout(tmp_path)
+    model = _model if on_error == "skip" else (lambda x: x * 10)  # item 7 fails under skip
+    for shard in shards:
+        LinesRunner.calls, LinesRunner.writes = [], []
+        env = {"dataset": DATA, "model": model, "output_dir": str(tmp_path)}
+        summary = process_shard(LinesRunner, shard, env, layout, on_error=on_error, prefetch=0)
+        kept = [[i for i in batch if not (on_error == "skip" and i == 7)] for batch in shard.forward_units()]
+        if on_error == "fail":  # each batch's results go to write_record as one call, in the order they ran
+            assert LinesRunner.writes == [[f"u{i}" for i in batch] for batch in kept]
+        written = [u for w in LinesRunner.writes for u in w]
+        assert written == [f"u{i}" for batch in kept for i in batch]
+        keys = read_marker(layout.shard_dir(shard.index))["keys"]
+        assert keys == [[i, f"u{i}"] for batch in kept for i in batch]  # in the order its lines were written
+        lines = (layout.shard_dir(shard.index) / "y.txt").read_text().split()[::2]
+        assert lines == written
+        assert summary["padding"]["padded"] == padding(shard.forward_units(), dict(enumerate(LENGTHS)))["padded"]
+
+
+def _merged_scp(tmp_path, text: str, keys: list) -> Path:
+    from espnet3_prefect.disk.marker import write_marker
+
+    shard_dir = tmp_path / "split.0"
+    shard_dir.mkdir(parents=True)
+    write_marker(shard_dir, {"keys": keys})
+    (tmp_path / "y.scp").write_bytes(text.encode())
+    return tmp_path / "y.scp"
+
+
+def test_the_merge_puts_each_merged_scp_back_in_dataset_order_keeping_every_byte(tmp_path):
+    from espnet3_prefect.pipeline.merge import put_in_dataset_order
+
+    path = _merged_scp(tmp_path, "b two  words\na \u00e9t\u00e9\r\nc 3", [[1, "b"], [0, "a"], [2, "c"]])
+    (tmp_path / "notes.txt").write_text("b\na\n")
+    assert put_in_dataset_order([path, tmp_path / "notes.txt"], [tmp_path / "split.0"], "test set 't'") == 1
+    assert path.read_bytes() == "a \u00e9t\u00e9\r\nb two  words\nc 3".encode()  # no newline added at the end
+    assert (tmp_path / "notes.txt").read_text() == "b\na\n"  # not an SCP: left as written
+
+
+def test_a_merged_line_of_an_unknown_or_shared_utt_id_fails_on_one_line_and_the_file_is_untouched(tmp_path):
+    from espnet3_prefect import Espnet3PrefectError
+    from espnet3_prefect.pipeline.merge import put_in_dataset_order
+
+    path = _merged_scp(tmp_path / "unknown", "b 2\nz 9\n", [[1, "b"]])
+    with pytest.raises(Espnet3PrefectError, match=r"^test set 't': .*y.scp line 2: 'z' is not the utt_id of an"):
+        put_in_dataset_order([path], [path.parent / "split.0"], "test set 't'")
+    assert path.read_text() == "b 2\nz 9\n"
+    path = _merged_scp(tmp_path / "shared", "a 1\na 2\n", [[4, "a"], [1, "a"]])
+    with pytest.raises(Espnet3PrefectError, match=r"^test set 't': utt_id 'a' is the id of items 4 and 1; "):
+        put_in_dataset_order([path], [path.parent / "split.0"], "test set 't'")
+
+
+def test_only_a_runner_that_writes_and_merges_as_inference_runner_sorts_the_whole_test_set():
+    from espnet3_prefect import InferenceRunner
+    from espnet3_prefect.pipeline.duration import sorts_whole_test_set
+    from tests.helpers.toy import BatchLogRunner, OwnMergeRunner
+
+    class OwnWrites(InferenceRunner):
+        @staticmethod
+        def write_record(writers, result, state, **env):
+            return None
+
+    assert sorts_whole_test_set(InferenceRunner) and sorts_whole_test_set(BatchLogRunner)
+    assert not sorts_whole_test_set(OwnMergeRunner) and not sorts_whole_test_set(OwnWrites)
+    assert not sorts_whole_test_set(LinesRunner)
+
+
+def test_espnet3s_own_runners_sort_the_whole_test_set():
+    """ESPnet3 202611's ASR runner keeps the base InferenceRunner's writers and merge (runs in the
+    real-ESPnet layer; the recipe-level check is tests/realespnet/test_mini_an4.py)."""
+    asr = pytest.importorskip("espnet3.systems.esp2_asr.inference", reason="espnet3 is not importable here")
+    from espnet3_prefect.pipeline.duration import sorts_whole_test_set
+
+    assert sorts_whole_test_set(asr.ASRInferenceRunner)
