@@ -106,6 +106,7 @@ def run(
     max_failed_ratio: float = DEFAULT_MAX_FAILED_RATIO,
     min_free_mb: float = DEFAULT_MIN_FREE_MB,
     prefetch: int | bool = DEFAULT_PREFETCH,
+    max_duration: float | None = None,
 ) -> Any:
     """Run ``runner`` over ``indices`` as a run of the flow ``run-runner``; return ``runner.merge(...)``.
 
@@ -117,7 +118,10 @@ def run(
     ``{env: local, n_workers: 1}``). ``retries``/``retry_delay_s`` (per shard task, never for bad
     input), ``on_error`` (``fail`` or ``skip``: failing items listed in ``failures.jsonl``) and
     ``max_failed_ratio``/``min_free_mb``/``prefetch`` mean what the ``runner:`` keys of the infer config mean.
-    Everything is checked before a server or a cluster starts.
+    ``max_duration`` (default: the runner's attribute of that name, else off): batches cut by length
+    within each shard, the items' lengths read from ``runner.provider.build_dataset(...)`` here, the
+    results handed to the hooks in the list's order (the infer config's ``runner.max_duration`` for a
+    runner with its own ``merge``). Everything is checked before a server or a cluster starts.
     """
     if parallel is None:
         parallel = active_parallel_config() or DEFAULT_PARALLEL
@@ -129,6 +133,7 @@ def run(
         "max_failed_ratio": max_failed_ratio,
         "min_free_mb": min_free_mb,
         "prefetch": prefetch,
+        "max_duration": max_duration,
     }
     job = prepare_job(runner, indices, parallel, control)
     importable_from_workers()

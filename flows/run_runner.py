@@ -22,6 +22,7 @@ from espnet3_prefect.execution.rundir import check_writable
 from espnet3_prefect.flows.dispatch import DaskExecutor, take_run_lock
 from espnet3_prefect.flows.workers import FORKSERVER_PRELOAD, TASK_PRELOAD, stage_modules
 from espnet3_prefect.pipeline.driver import drive_stage
+from espnet3_prefect.pipeline.duration import caveat
 from espnet3_prefect.pipeline.report import format_summary, quiet_console, summary_rows
 
 KIND = "run-runner"
@@ -62,6 +63,8 @@ def run_runner(job: Any) -> Any:
             spec.n_workers,
         )
 
+    if stage.work.max_duration is not None:
+        logger.warning(caveat(stage.work.max_duration, whole_test_set=False))
     lock = take_run_lock(layout.root, logger)
     try:
         with DaskExecutor(

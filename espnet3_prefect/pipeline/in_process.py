@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from espnet3_prefect.pipeline.driver import drive_stage
+from espnet3_prefect.pipeline.duration import caveat
 from espnet3_prefect.pipeline.merge import merge_stage
 from espnet3_prefect.pipeline.plan import Shard
 from espnet3_prefect.pipeline.report import add_timing, empty_timing
@@ -73,5 +74,7 @@ class InProcessExecutor:
 def run_in_process(runner: Any, indices: Iterable[int]) -> Any:
     """Plan ``indices`` (batched first), run the shards not already done, return ``runner.merge(...)``."""
     job = prepare_job(runner, indices, None)
+    if job.stage.work.max_duration is not None:
+        logging.getLogger("espnet3_prefect").warning(caveat(job.stage.work.max_duration, whole_test_set=False))
     _, merged = drive_stage(job.stage, InProcessExecutor(runner), shards=job.shards)
     return merged

@@ -234,9 +234,11 @@ def plan_shards(
 
     Without ``lengths`` the runs' unit counts differ by at most one. With ``lengths`` (one
     non-negative number per item, checked by the caller) the runs have about equal total length
-    (:func:`balanced_cuts`); all-zero lengths plan as if there were none. Each shard of
-    ``range(n_items)`` carries its items' lengths; ``max_duration`` (which needs ``lengths`` and a
-    ``batch_size``) changes only what its ``forward`` calls get (:meth:`Shard.forward_units`).
+    (:func:`balanced_cuts`); all-zero lengths plan as if there were none. ``lengths[k]`` is the length
+    of position ``k`` (of ``indices[k]`` for an index list). Each shard of ``range(n_items)``, and with
+    ``max_duration`` each shard of an index list, carries its items' lengths; ``max_duration`` (which
+    needs ``lengths`` and a ``batch_size``) changes only what its ``forward`` calls get
+    (:meth:`Shard.forward_units`).
 
     >>> [(s.start, s.stop) for s in plan_shards("t", 7, 3)]
     [(0, 3), (3, 5), (5, 7)]
@@ -247,8 +249,8 @@ def plan_shards(
     """
     if n_items <= 0:
         raise ValueError(f"test set {test_set!r}: cannot plan shards for {n_items} items")
-    if max_duration is not None and (lengths is None or indices is not None or batch_size is None):
-        raise ValueError(f"test set {test_set!r}: max_duration needs lengths and a batch_size over range(n_items)")
+    if max_duration is not None and (lengths is None or batch_size is None):
+        raise ValueError(f"test set {test_set!r}: max_duration needs lengths and a batch_size")
     units = n_units(n_items, batch_size)
     num_shards = max(1, min(num_shards, units))
     step = batch_size or 1
@@ -260,7 +262,7 @@ def plan_shards(
             edge += base + (1 if index < extra else 0)
             cuts.append(edge)
     shards = []
-    values = None if lengths is None or indices is not None else _as_float64(lengths)
+    values = None if lengths is None or (indices is not None and max_duration is None) else _as_float64(lengths)
     for index in range(num_shards):
         start, stop = cuts[index] * step, min(cuts[index + 1] * step, n_items)
         own = None if indices is None else tuple(int(i) for i in indices[start:stop])

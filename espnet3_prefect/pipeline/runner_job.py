@@ -41,12 +41,14 @@ from omegaconf import DictConfig, OmegaConf
 from espnet3_prefect.config.load import fingerprint, identity_config
 from espnet3_prefect.config.runner_keys import check_batch_size, runner_control, runner_folder_options
 from espnet3_prefect.disk.layout import RunnerLayout
-from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.errors import BadInputError, ConfigError
 from espnet3_prefect.execution.process_parallel import plain_parallel
 from espnet3_prefect.execution.spec import ParallelSpec
+from espnet3_prefect.pipeline.duration import check_max_duration
 from espnet3_prefect.pipeline.env import EnvBuilder
+from espnet3_prefect.pipeline.lengths import lengths_from_files
 from espnet3_prefect.pipeline.plan import Shard, default_num_shards, plan_shards
-from espnet3_prefect.pipeline.sizing import code_identity
+from espnet3_prefect.pipeline.sizing import code_identity, dataset_lengths, lengths_fingerprint
 from espnet3_prefect.pipeline.stage import Stage, StageWork, worker_setup
 
 
@@ -91,7 +93,12 @@ def _empty_env() -> dict:
 
 
 def prepare_job(runner: Any, indices: Iterable[int], parallel: Any, control: dict | None = None) -> RunnerJob:
-    """Check everything and plan the shards (no server, no cluster, no env built)."""
+    """Check everything and plan the shards (no server, no cluster, no env built).
+
+    ``max_duration`` (in ``control``, else the runner's attribute of that name): batches cut by length
+    within each shard, as the infer stage's ``runner.max_duration`` does for a runner with its own
+    ``merge`` (:mod:`~.duration`): the items' lengths come from the provider's dataset built here
+    (:func:`job_lengths`), the results reach the hooks in the list's order, grouped as without it."""
     cls = type(runner)
     name = cls.__qualname__
     if not callable(getattr(cls, "forward", None)):
@@ -107,12 +114,20 @@ def prepare_job(runner: Any, indices: Iterable[int], parallel: Any, control: dic
             f"parallel.shard_duration: {name}(indices) has no lengths() to size shards by (only the infer "
             f"stage reads its dataset's lengths()); use parallel.num_shards or drop the key"
         )
-    control = runner_control(OmegaConf.create(_control_block(control or {})))
+    control = dict(control or {})
+    max_duration = control.pop("max_duration", None)
+    max_duration = check_max_duration(
+        getattr(runner, "max_duration", None) if max_duration is None else max_duration, batch_size
+    )
+    control = runner_control(OmegaConf.create(_control_block(control)))
     layout = RunnerLayout(Path(runner.output_dir), shard_subdir)
-    digest, identity = runner_fingerprint(runner, indices, batch_size)
+    lengths = None if max_duration is None else job_lengths(runner, indices, name, layout)
+    digest, identity = runner_fingerprint(runner, indices, batch_size, max_duration, lengths)
     count = spec.num_shards or default_num_shards(len(indices), spec.n_workers, batch_size)
     explicit = None if indices == list(range(len(indices))) else indices
-    shards = plan_shards(name, len(indices), count, batch_size, indices=explicit)
+    shards = plan_shards(
+        name, len(indices), count, batch_size, indices=explicit, lengths=lengths, max_duration=max_duration
+    )
     work = StageWork(
         test_set=name,
         layout=layout,
@@ -125,6 +140,7 @@ def prepare_job(runner: Any, indices: Iterable[int], parallel: Any, control: dic
         idx_key=str(getattr(runner, "idx_key", None) or "utt_id"),
         allow_overwrite_lock=spec.allow_overwrite_lock,
         prefetch=control["prefetch"],
+        max_duration=max_duration,
     )
     stage = Stage(
         work=work,
@@ -140,6 +156,7 @@ def prepare_job(runner: Any, indices: Iterable[int], parallel: Any, control: dic
         "items": len(indices),
         "shards": len(shards),
         "batch_size": batch_size,
+        **({"max_duration": max_duration} if max_duration is not None else {}),
         "output_dir": str(runner.output_dir),
         "shard_subdir": shard_subdir,
         "resume": resume,
@@ -180,10 +197,13 @@ def check_indices(indices: Iterable[int], name: str = "runner") -> list[int]:
     return out
 
 
-def runner_fingerprint(runner: Any, indices: list[int], batch_size: int | None) -> tuple[str, dict]:
+def runner_fingerprint(
+    runner: Any, indices: list[int], batch_size: int | None, max_duration: float | None = None, lengths: Any = None
+) -> tuple[str, dict]:
     """``(sha256, identity)`` of what decides a shard's output: the runner and provider classes' code,
     the provider's config (minus ``parallel`` and retry settings) and params, ``batch_size`` and
-    the index list. The same for the local path and the flow, so either resumes the other's shards."""
+    the index list, and with ``max_duration`` the budget and the items' lengths. The same for the local
+    path and the flow, so either resumes the other's shards."""
     provider = getattr(runner, "provider", None)
     sha = hashlib.sha256(",".join(map(str, indices)).encode())
     identity = {
@@ -192,7 +212,50 @@ def runner_fingerprint(runner: Any, indices: list[int], batch_size: int | None) 
         "batch_size": batch_size,
         "indices": {"count": len(indices), "sha256": sha.hexdigest()},
     }
+    if max_duration is not None:
+        identity["max_duration"] = max_duration
+        identity["lengths"] = lengths_fingerprint(lengths)
     return fingerprint(identity), identity
+
+
+def job_lengths(runner: Any, indices: list[int], name: str, layout: RunnerLayout) -> Any:
+    """The lengths of ``indices`` (one per position, float64) for ``max_duration``: the provider's
+    dataset built on the driver (``provider.build_dataset(provider.config)``, as the infer stage sizes a
+    test set), its ``lengths()``, else its audio files' headers (cached under the runner's folder).
+    Whatever is missing fails on one line naming the key, before anything starts."""
+    provider = getattr(runner, "provider", None)
+    build = getattr(provider, "build_dataset", None)
+    if not callable(build):
+        raise ConfigError(
+            f"max_duration: {name}(indices): its provider ({type(provider).__name__}) has no build_dataset() "
+            f"to read the items' lengths from before the run; add one or drop the key"
+        )
+    dataset = build(provider.config)
+    n_items = len(dataset)
+    values = dataset_lengths(dataset, n_items, name)
+    if values is None:
+        params = getattr(provider, "params", None) or {}
+        found = lengths_from_files(
+            dataset, n_items, name, cache_file=layout.lengths_cache, input_key=params.get("input_key")
+        )
+        if found is None:
+            raise ConfigError(
+                f"max_duration: {name}(indices): its provider's dataset ({type(dataset).__name__}) has no lengths() "
+                f"and no audio_paths() to read them from; add one or drop the key"
+            )
+        values = found.values
+    if len(set(indices)) != len(indices):
+        twice = next(i for k, i in enumerate(indices) if i in indices[:k])
+        raise BadInputError(
+            f"max_duration: {name}(indices): index {twice} is listed twice; batches by duration need each "
+            f"index once (drop the key to run the list as given)"
+        )
+    outside = next((i for i in indices if not 0 <= i < n_items), None)
+    if outside is not None:
+        raise BadInputError(
+            f"max_duration: {name}(indices): index {outside} is outside its provider's dataset ({n_items} items)"
+        )
+    return values[indices]
 
 
 def _provider_config(provider: Any) -> Any:

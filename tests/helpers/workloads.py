@@ -28,10 +28,35 @@ class LogProvider(EnvironmentProvider):
         return {"cfg": dict(self.config)}
 
 
+class LengthsProvider(LogProvider):
+    """:class:`LogProvider` whose dataset (``build_dataset``, as an inference provider has) tells each item's
+    length: ``config["lengths"]``."""
+
+    @staticmethod
+    def build_dataset(config):
+        return _Lengths(config["lengths"])
+
+
+class _Lengths:
+    def __init__(self, values):
+        self.values = list(values)
+
+    def __len__(self):
+        return len(self.values)
+
+    def __getitem__(self, index):
+        return {"utt_id": f"u{index}", "length": self.values[index]}
+
+    def lengths(self):
+        return self.values
+
+
 class SquareRunner(BaseRunner):
     @staticmethod
     def forward(idx, cfg=None, **env):
         cfg = cfg or {}
+        if isinstance(idx, list):
+            _append(cfg.get("log"), "batch " + " ".join(map(str, idx)))
         out = []
         for i in idx if isinstance(idx, list) else [idx]:
             _append(cfg.get("log"), f"forward {os.getpid()} {i} {os.environ.get('SLURM_JOB_ID', '-')}")
@@ -65,6 +90,11 @@ def forward_calls(log: Path) -> list[int]:
 def forward_jobs(log: Path) -> set[str]:
     """The batch job ids forward() ran in (``-`` outside a SLURM job)."""
     return {line.split()[3] for line in read(log) if line.startswith("forward ")}
+
+
+def batches(log: Path) -> list[list[int]]:
+    """The batches forward() got, in call order (one process's calls in its order)."""
+    return [list(map(int, line.split()[1:])) for line in read(log) if line.startswith("batch ")]
 
 
 def builds(log: Path) -> list[str]:

@@ -16,7 +16,7 @@ from espnet3_prefect import ConfigError, run, set_parallel
 from espnet3_prefect.execution import process_parallel as parallel_config
 from tests.conftest import ROOT
 from tests.helpers.api_reads import artifacts_of
-from tests.helpers.workloads import LogProvider, SquareRunner, builds, forward_calls
+from tests.helpers.workloads import LengthsProvider, LogProvider, SquareRunner, batches, builds, forward_calls
 
 pytestmark = pytest.mark.slow
 LOCAL2 = {"env": "local", "n_workers": 2, "num_shards": 4}
@@ -139,6 +139,29 @@ def test_explicit_index_list_in_any_order_resumes_and_a_new_list_redoes(prefect_
 
     assert run(runner, [1, 2], parallel=LOCAL2) == ["1 1", "2 4"]  # another list: another plan, redone
     assert not (tmp_path / "out/split.2").exists()  # shards beyond the new plan are gone
+
+
+def test_run_with_max_duration_on_a_cluster_resumes_the_local_shards_and_keeps_the_lists_order(
+    prefect_server, tmp_path
+):
+    """``espnet3_prefect.run(..., max_duration=...)`` as a flow run: batches cut by length within each shard
+    (lengths from the provider's dataset, built on the driver), the merge that of a run without it; the
+    local path's shards are the flow's (the same plan and fingerprint)."""
+    lengths = [3.0, 1.0, 5.0, 2.0, 2.0, 8.0, 1.0, 4.0, 1.0, 6.0, 2.0, 3.0]
+    order = [11, 2, 9, 0, 5, 7, 3, 10, 1, 4, 6, 8]
+    log = tmp_path / "log"
+    provider = LengthsProvider({"log": str(log), "lengths": lengths})
+    plain = run(SquareRunner(provider, 4, tmp_path / "plain"), order, parallel=LOCAL2)
+    keyed = run(SquareRunner(provider, 4, tmp_path / "keyed"), order, parallel=LOCAL2, max_duration=8.0)
+    assert keyed == plain
+    assert (tmp_path / "keyed/out.txt").read_bytes() == (tmp_path / "plain/out.txt").read_bytes()
+    ran = batches(log)[3:]  # after the plain run's three batches of 4
+    assert sorted(i for b in ran for i in b) == sorted(order)
+    assert all(max(lengths[i] for i in b) * len(b) <= 8.0 or len(b) == 1 for b in ran)
+    calls = len(forward_calls(log))
+    local_runner = SquareRunner(provider, 4, tmp_path / "keyed")
+    local_runner.max_duration = 8.0
+    assert local_runner(order) == plain and len(forward_calls(log)) == calls  # every shard reused
 
 
 def test_local_and_flow_share_shards_and_output(prefect_server, tmp_path):

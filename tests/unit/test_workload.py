@@ -14,10 +14,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from dtmf_demo.dtmf import make_corpus
 from dtmf_demo.feats import FeatsProvider, FeatsRunner, LogMel, write_npz
-from espnet3_prefect import ConfigError, entry, get_parallel_config, set_parallel
+from espnet3_prefect import BadInputError, ConfigError, entry, get_parallel_config, set_parallel
 from espnet3_prefect.execution import process_parallel as parallel_config
 from espnet3_prefect.pipeline.runner_job import check_indices, prepare_job, runner_fingerprint
-from tests.helpers.workloads import LogProvider, SquareRunner
+from tests.helpers.workloads import LengthsProvider, LogProvider, SquareRunner, batches
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +82,51 @@ def test_job_plans_explicit_lists_per_shard_and_a_range_as_plain_ranges(tmp_path
     job = prepare_job(runner, range(70), None)
     assert len(job.shards) == 32 and all(s.indices is None for s in job.shards)  # default plan, as infer's
     assert job.stage.work.test_set == "SquareRunner" and job.stage.layout.run_lock_dir == tmp_path
+
+
+LENGTHS = [3.0, 1.0, 5.0, 2.0, 2.0, 8.0, 1.0, 4.0, 1.0, 6.0, 2.0, 3.0]
+
+
+def test_runner_indices_with_max_duration_cut_batches_by_length_and_keep_the_lists_order(tmp_path):
+    """``runner(indices)`` in this process with the runner's ``max_duration``: the provider's dataset
+    (built on the driver) tells the lengths; each shard's batches are cut by length; the merge is the
+    one of a run without it, line for line."""
+    from espnet3_prefect.pipeline.duration import duration_batches
+
+    order = [11, 2, 9, 0, 5, 7, 3, 10, 1, 4]
+    log = tmp_path / "log"
+    provider = LengthsProvider({"log": str(log), "lengths": LENGTHS})
+    plain = SquareRunner(provider, 4, tmp_path / "plain")(order)
+    assert batches(log) == [order[:4], order[4:8], order[8:]]  # upstream's consecutive batches
+    keyed_runner = SquareRunner(provider, 4, tmp_path / "keyed")
+    keyed_runner.max_duration = 8.0
+    job = prepare_job(keyed_runner, order, None)
+    assert job.stage.work.max_duration == 8.0 and job.summary["max_duration"] == 8.0
+    assert keyed_runner(order) == plain
+    assert (tmp_path / "keyed/out.txt").read_bytes() == (tmp_path / "plain/out.txt").read_bytes()
+    expected = [b for s in job.shards for b in duration_batches(s.indices, [LENGTHS[i] for i in s.indices], 8.0, 4)]
+    assert batches(log)[3:] == expected
+    assert sorted(i for b in expected for i in b) == sorted(order)
+    plain_job = prepare_job(SquareRunner(provider, 4, tmp_path / "keyed"), order, None)
+    assert plain_job.stage.work.fingerprint != job.stage.work.fingerprint  # toggling it redoes the shards
+
+
+def test_runner_indices_with_max_duration_refuse_what_they_cannot_do_on_one_line(tmp_path):
+    keyed = {"env": "local", "n_workers": 1}
+    no_dataset = SquareRunner(LogProvider({}), 4, tmp_path / "a")
+    with pytest.raises(
+        ConfigError, match=r"^max_duration: SquareRunner\(indices\): its provider \(LogProvider\) has no"
+    ):
+        prepare_job(no_dataset, [0, 1], keyed, {"max_duration": 8.0})
+    runner = SquareRunner(LengthsProvider({"lengths": LENGTHS}), 4, tmp_path / "b")
+    with pytest.raises(BadInputError, match=r"^max_duration: SquareRunner\(indices\): index 3 is listed twice"):
+        prepare_job(runner, [3, 1, 3], keyed, {"max_duration": 8.0})
+    with pytest.raises(BadInputError, match=r"index 12 is outside its provider's dataset \(12 items\)"):
+        prepare_job(runner, [0, 12], keyed, {"max_duration": 8.0})
+    with pytest.raises(ConfigError, match=r"^runner.max_duration: needs batch_size"):
+        prepare_job(SquareRunner(LengthsProvider({"lengths": LENGTHS}), None, tmp_path / "c"), [0], keyed,
+                    {"max_duration": 8.0})  # fmt: skip
+    assert not (tmp_path / "b").exists()  # nothing started, nothing written
 
 
 def test_the_driver_hands_the_executor_only_the_shards_its_done_markers_say_must_run(tmp_path):
