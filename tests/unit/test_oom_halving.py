@@ -1,8 +1,10 @@
 """A batch that runs out of memory under ``runner.max_duration``: split in halves on the same worker, down to
 one item; only a single item that does not fit fails, naming its utterance; results still reach the hooks
-in dataset order; said once per shard; without the key nothing is halved (upstream's batches fail as
-upstream's do). The model is a real torch module that raises torch's own out-of-memory error above a
-batch size, as a GPU whose memory holds that many items would."""
+as without a halving (in dataset order within each shard; in the whole-set length order, batch by batch,
+each line's item in the marker); said once per shard; without the key nothing is halved (upstream's
+batches fail as upstream's do). The model is a real torch module that raises torch's own out-of-memory
+error above a batch size, as a GPU whose memory holds that many items would (and, on a GPU, the real
+allocator's: ``benchmarks/gpu_payload/oom_check.sh``)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from espnet3_prefect.disk.layout import StageLayout  # noqa: E402
+from espnet3_prefect.disk.marker import read_marker  # noqa: E402
 from espnet3_prefect.errors import ItemError  # noqa: E402
 from espnet3_prefect.pipeline.oom import halves, is_out_of_memory  # noqa: E402
-from espnet3_prefect.pipeline.plan import plan_shards  # noqa: E402
+from espnet3_prefect.pipeline.plan import plan_length_order, plan_shards  # noqa: E402
 from espnet3_prefect.pipeline.shard import process_shard  # noqa: E402
 
 LENGTHS = [3.0, 1.0, 5.0, 2.0, 2.0, 8.0, 1.0, 4.0, 1.0, 6.0, 2.0, 3.0, 2.5, 1.5]
@@ -76,9 +79,12 @@ class Runner:
         writers["out"].close()
 
 
-def _run(tmp_path, model, max_duration, on_error="fail"):
+def _run(tmp_path, model, max_duration, on_error="fail", length_order=False):
     Runner.writes = []
-    [shard] = plan_shards("t", len(LENGTHS), 1, 8, lengths=LENGTHS, max_duration=max_duration)
+    if length_order:  # the whole test set sorted (a runner whose merge the driver reorders)
+        [shard] = plan_length_order("t", LENGTHS, 1, 8, max_duration)
+    else:
+        [shard] = plan_shards("t", len(LENGTHS), 1, 8, lengths=LENGTHS, max_duration=max_duration)
     layout = StageLayout(tmp_path)
     said: list[str] = []
     env = {"dataset": DATA, "model": model, "output_dir": str(tmp_path)}
@@ -114,6 +120,21 @@ def test_a_batch_that_does_not_fit_is_halved_down_to_what_fits_and_written_in_da
         and padded["real"] == sum(LENGTHS)
         and padded["padded"] <= 9.0 * len(model.sizes)
     )
+
+
+def test_in_length_order_a_batch_that_does_not_fit_is_halved_and_every_line_keeps_its_item(tmp_path):
+    """The whole test set sorted: the shard writes batch by batch; a halved batch is handed over whole,
+    once both halves ran, and the marker says which item each line is (what the merge reorders by)."""
+    _, expected, _ = _run(tmp_path / "roomy", Budgeted(fits=1e9), 24.0, length_order=True)
+    model = Budgeted(fits=9.0)
+    summary, text, said = _run(tmp_path / "tight", model, 24.0, length_order=True)
+    assert text == expected and summary["oom_halvings"] >= 2 and max(model.sizes) < 8
+    assert sorted(text.splitlines()) == sorted(f"{d['utt_id']} {2 * d['x'] + 1:.1f}" for d in DATA)
+    keys = read_marker(tmp_path / "tight" / "split.0")["keys"]
+    assert (
+        [f"utt{i:02d}" for i, _ in keys] == [key for _, key in keys] == [line.split()[0] for line in text.splitlines()]
+    )
+    assert len(said) == 1 and "ran out of memory" in said[0]
 
 
 def test_only_a_single_item_that_does_not_fit_fails_naming_its_utterance(tmp_path):
@@ -155,14 +176,15 @@ class CudaHungry(torch.nn.Module):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the real allocator's error)")
-def test_on_a_gpu_a_real_cuda_out_of_memory_batch_is_halved(tmp_path):
+@pytest.mark.parametrize("length_order", [False, True], ids=["each-shard-sorted", "whole-set-sorted"])
+def test_on_a_gpu_a_real_cuda_out_of_memory_batch_is_halved(tmp_path, length_order):
     global LENGTHS, DATA
     saved = LENGTHS, DATA
     LENGTHS, DATA = [1.0] * 8, [{"utt_id": f"utt{i:02d}", "x": float(i)} for i in range(8)]
     try:
-        _, expected, _ = _run(tmp_path / "roomy", Budgeted(fits=1e9), 100.0)
+        _, expected, _ = _run(tmp_path / "roomy", Budgeted(fits=1e9), 100.0, length_order=length_order)
         model = CudaHungry()
-        summary, text, said = _run(tmp_path / "gpu", model, 100.0)  # one batch of 8: 8 and 4 run out, 2 fit
+        summary, text, said = _run(tmp_path / "gpu", model, 100.0, length_order=length_order)  # 8, 4 out; 2 fit
     finally:
         LENGTHS, DATA = saved
         torch.cuda.empty_cache()
