@@ -3,13 +3,13 @@
 # network): the wheels of wheels.txt (what benchmarks.throughput imports beyond torch/numpy: espnet
 # 202611 and the part of its dependencies that Speech2Text decoding imports, prefect, prefect-dask,
 # dask, distributed, nvidia-ml-py and their needs; found by importing in a bare venv), the stubs,
-# the trained mini_an4 model, 150 FSDD recordings, the benchmark, run.sh and local_gpu.sh (dask-cuda's
-# own wheel: the GPU image has cuda-core, pandas and nvidia-ml-py). About 55 MiB.
+# the trained mini_an4 model, 150 FSDD recordings, the benchmark and run.sh (dask-cuda's own wheel too,
+# for local_gpu.sh: the GPU image has cuda-core, pandas and nvidia-ml-py). About 55 MiB.
 #
 #   bash benchmarks/gpu_payload/build.sh [RECIPE]   # RECIPE: a trained mini_an4 recipe folder
 #                                                   # (default: benchmarks.throughput's cache, trained if absent)
 # Then on the GPU machine, from the repository root:  bash .gpu/run.sh   (results under $OUT)
-#   or  bash .gpu/local_gpu.sh   (env local and env local_gpu, the whole test set sorted; ~430 s on an H200)
+#   or  bash benchmarks/gpu_payload/local_gpu.sh   (env local and local_gpu, the whole test set sorted; ~430 s)
 # And the check before, on a CPU, in a bare venv that has torch:
 #   DEVICE=cpu PYTHON=/path/to/bare/python E3P_SITE=/tmp/x/site ITEMS="--n-single 6 --n-joined 3" bash .gpu/run.sh
 set -euo pipefail
@@ -27,7 +27,7 @@ grep -v '^antlr4-python3-runtime' "$HERE/wheels.txt" >"$G/wheels-binary.txt"
 "$PY" -m pip wheel -q --no-deps -w "$G/whl" "$(grep '^antlr4-python3-runtime' "$HERE/wheels.txt")"
 rm -f "$G/wheels-binary.txt"
 rm -rf "$G/stubs" && cp -r "$HERE/stubs" "$G/stubs"
-cp "$HERE/sitecustomize.py" "$HERE/run.sh" "$HERE/local_gpu.sh" benchmarks/throughput.py "$G/"
+cp "$HERE/sitecustomize.py" "$HERE/run.sh" benchmarks/throughput.py "$G/"
 ls "${E3P_FSDD:-/work/shared/data/fsdd/recordings}"/*.wav | sort | awk 'NR%4==1' | head -150 | xargs -I{} cp {} "$G/fsdd/"
 "$PY" - "${1:-}" <<'EOF'
 import sys

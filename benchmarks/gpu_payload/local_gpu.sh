@@ -3,10 +3,10 @@
 # H200"): (1) env local, one worker that sees the GPU: upstream batches 4/16, duration batching at their
 # budgets, the bare loop; (2) env local_gpu (dask-cuda carried as its own wheel; the GPU image has
 # cuda-core, pandas and nvidia-ml-py): duration at the batch-16 budget and upstream 16. Built into .gpu/
-# by build.sh; run from the repository root as  bash .gpu/local_gpu.sh  (carry .gpu; ~430 s on an H200).
+# by build.sh; run as  bash benchmarks/gpu_payload/local_gpu.sh  (carry .gpu; ~430 s on an H200).
 # The check before, on a CPU: DEVICE=cpu PYTHON=.venv/bin/python ITEMS="--n-single 6 --n-joined 3" ...
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root, where .gpu/ is
 OUT=${OUT:-/tmp/e3p-gpu-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}; DEVICE=${DEVICE:-cuda}
 SITE=${E3P_SITE:-/tmp/site}; SRC=${E3P_SRC:-/tmp/e3p-src}; WORK=${E3P_GPU_WORK:-/tmp/e3p-gpu-work}
