@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.espnet3.artifacts import check_utt_id
 
 KEY = "max_duration"
 
@@ -196,8 +197,6 @@ class InOrder:
     def _handed(self, index: int) -> Any:
         result = self.results.pop(index)
         if self.keys is not None and isinstance(result, Mapping) and self.idx_key in result:
-            from espnet3_prefect.espnet3.artifacts import check_utt_id
-
             try:
                 self.keys.append([index, check_utt_id(result[self.idx_key])])
             except ValueError:

@@ -143,7 +143,7 @@ def merge_stage(
     layout = stage.layout
     dirs, failed = ready_to_merge(stage, shards, n_items, log.warning, what=what)
     started = time.perf_counter()
-    reorder = getattr(stage.work, "length_order", False)
+    reorder = stage.work.length_order
     if not record and not reorder:
         result = stage.runner.merge(dirs)
         log.info("merged %d shards of %s in %.2f s", len(dirs), layout.root, time.perf_counter() - started)

@@ -235,10 +235,9 @@ def plan_shards(
     Without ``lengths`` the runs' unit counts differ by at most one. With ``lengths`` (one
     non-negative number per item, checked by the caller) the runs have about equal total length
     (:func:`balanced_cuts`); all-zero lengths plan as if there were none. ``lengths[k]`` is the length
-    of position ``k`` (of ``indices[k]`` for an index list). Each shard of ``range(n_items)``, and with
-    ``max_duration`` each shard of an index list, carries its items' lengths; ``max_duration`` (which
-    needs ``lengths`` and a ``batch_size``) changes only what its ``forward`` calls get
-    (:meth:`Shard.forward_units`).
+    of position ``k`` (of ``indices[k]`` for an index list), and each shard carries its items' lengths;
+    ``max_duration`` (which needs ``lengths`` and a ``batch_size``) changes only what its ``forward``
+    calls get (:meth:`Shard.forward_units`).
 
     >>> [(s.start, s.stop) for s in plan_shards("t", 7, 3)]
     [(0, 3), (3, 5), (5, 7)]
@@ -255,14 +254,9 @@ def plan_shards(
     num_shards = max(1, min(num_shards, units))
     step = batch_size or 1
     cuts = balanced_cuts(unit_costs(lengths, n_items, step), num_shards) if lengths is not None else None
-    if cuts is None:
-        base, extra = divmod(units, num_shards)
-        cuts, edge = [0], 0
-        for index in range(num_shards):
-            edge += base + (1 if index < extra else 0)
-            cuts.append(edge)
+    cuts = cuts or even_cuts(units, num_shards)
     shards = []
-    values = None if lengths is None or (indices is not None and max_duration is None) else _as_float64(lengths)
+    values = None if lengths is None else _as_float64(lengths)
     for index in range(num_shards):
         start, stop = cuts[index] * step, min(cuts[index + 1] * step, n_items)
         own = None if indices is None else tuple(int(i) for i in indices[start:stop])
@@ -295,12 +289,7 @@ def plan_length_order(
     batches = duration_batches(range(n_items), values, max_duration, batch_size)
     num_shards = max(1, min(num_shards, len(batches)))
     costs = [float(values[b].max()) * len(b) for b in batches]
-    cuts = balanced_cuts(costs, num_shards)
-    if cuts is None:
-        base, extra = divmod(len(batches), num_shards)
-        cuts = [0]
-        for index in range(num_shards):
-            cuts.append(cuts[-1] + base + (1 if index < extra else 0))
+    cuts = balanced_cuts(costs, num_shards) or even_cuts(len(batches), num_shards)
     shards, position = [], 0
     for index in range(num_shards):
         own = tuple(i for batch in batches[cuts[index] : cuts[index + 1]] for i in batch)
@@ -328,6 +317,20 @@ def unit_costs(lengths: Sequence[float], n_items: int, step: int):
 
     values = np.asarray(lengths, dtype=np.float64)[:n_items]
     return np.add.reduceat(values, np.arange(0, n_items, step)) if step > 1 else values
+
+
+def even_cuts(units: int, num_shards: int) -> list[int]:
+    """Unit boundaries ``[0, c1, ..., units]`` splitting ``units`` into ``num_shards`` runs whose counts
+    differ by at most one, the longer ones first.
+
+    >>> even_cuts(7, 3), even_cuts(4, 4)
+    ([0, 3, 5, 7], [0, 1, 2, 3, 4])
+    """
+    base, extra = divmod(units, num_shards)
+    cuts = [0]
+    for index in range(num_shards):
+        cuts.append(cuts[-1] + base + (1 if index < extra else 0))
+    return cuts
 
 
 def balanced_cuts(costs, num_shards: int) -> list[int] | None:

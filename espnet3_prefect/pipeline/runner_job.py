@@ -230,6 +230,14 @@ def job_lengths(runner: Any, indices: list[int], name: str, layout: RunnerLayout
             f"max_duration: {name}(indices): its provider ({type(provider).__name__}) has no build_dataset() "
             f"to read the items' lengths from before the run; add one or drop the key"
         )
+    seen: set[int] = set()
+    for index in indices:
+        if index in seen:
+            raise BadInputError(
+                f"max_duration: {name}(indices): index {index} is listed twice; batches by duration need each "
+                f"index once (drop the key to run the list as given)"
+            )
+        seen.add(index)
     dataset = build(provider.config)
     n_items = len(dataset)
     values = dataset_lengths(dataset, n_items, name)
@@ -244,12 +252,6 @@ def job_lengths(runner: Any, indices: list[int], name: str, layout: RunnerLayout
                 f"and no audio_paths() to read them from; add one or drop the key"
             )
         values = found.values
-    if len(set(indices)) != len(indices):
-        twice = next(i for k, i in enumerate(indices) if i in indices[:k])
-        raise BadInputError(
-            f"max_duration: {name}(indices): index {twice} is listed twice; batches by duration need each "
-            f"index once (drop the key to run the list as given)"
-        )
     outside = next((i for i in indices if not 0 <= i < n_items), None)
     if outside is not None:
         raise BadInputError(
