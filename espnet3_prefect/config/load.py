@@ -14,10 +14,11 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf._utils import get_yaml_loader
 from omegaconf.errors import OmegaConfBaseException
 
 from espnet3_prefect.errors import ConfigError, one_line
@@ -39,7 +40,8 @@ _NOT_FINGERPRINTED = (
 def load_config(paths: Sequence[str | Path], overrides: Iterable[str] = ()) -> DictConfig:
     """Merge YAML files left to right, apply ``key=value`` overrides, resolve interpolations.
 
-    Overrides follow Hydra's basic grammar: ``a.b=1`` sets, ``+a.b=1`` adds, ``~a.b`` deletes.
+    Files are read as ESPnet3 reads them (OmegaConf's YAML loader: ``1e-3`` is a float, a date stays
+    a string) and overrides are parsed with Hydra's override grammar (:func:`apply_override`).
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp(); p = os.path.join(d, "c.yaml")
@@ -137,15 +139,39 @@ def _per_file(value: Any, path: Path) -> Any:
     return _FILE_RESOLVER.sub(absolute, value)
 
 
+def parse_yaml(text: str, source: Any = "<string>") -> Any:
+    """YAML text read the way ESPnet3 reads its config files (``OmegaConf.load``'s loader).
+
+    That loader is PyYAML's safe loader with OmegaConf's changes: a float needs no dot (``1e-3``,
+    ``2E+6``), a date is a plain string, and a key written twice in one mapping is an error (a
+    one-line :class:`ConfigError` naming ``source`` and the key).
+
+    >>> parse_yaml("lr: 1e-3\\nday: 2001-12-14\\nbig: 1E+6\\nflag: yes\\nmode: 017")
+    {'lr': 0.001, 'day': '2001-12-14', 'big': 1000000.0, 'flag': True, 'mode': 15}
+    >>> parse_yaml("a: 1\\na: 2", "c.yaml")
+    Traceback (most recent call last):
+    ...
+    espnet3_prefect.errors.ConfigError: c.yaml: duplicate key 'a' (line 2)
+    """
+    try:
+        return yaml.load(text, Loader=get_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.constructor.ConstructorError as exc:
+        problem = exc.problem or ""
+        if problem.startswith("found duplicate key "):
+            line = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark is not None else ""
+            key = problem.removeprefix("found duplicate key ")
+            raise ConfigError(f"{source}: duplicate key {key!r}{line}") from None
+        raise ConfigError(f"{source}: not valid YAML: {one_line(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {one_line(exc)}") from None
+
+
 def read_yaml(path: Path) -> DictConfig:
     """One config file read and checked (a mapping, no ``defaults:`` list), its file resolvers applied."""
     if not path.is_file():
         where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
         raise ConfigError(f"config file not found: {path}{where}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {one_line(exc)}") from None
+    data = parse_yaml(path.read_text(encoding="utf-8"), path)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -155,33 +181,145 @@ def read_yaml(path: Path) -> DictConfig:
             f"{path}: defaults: lists are not supported; pass the files to merge as --config base.yaml override.yaml"
         )
     _register_resolvers()
-    return OmegaConf.create(_per_file(data, path.resolve()))
+    try:
+        return OmegaConf.create(_per_file(data, path.resolve()))
+    except OmegaConfBaseException as exc:  # a value OmegaConf cannot hold (e.g. an explicit !!timestamp)
+        raise ConfigError(f"{path}: {one_line(exc)}") from None
+
+
+class Override(NamedTuple):
+    """One command-line override as Hydra's grammar reads it.
+
+    ``action``: ``"set"`` (``key=value``: the key must exist), ``"add"`` (``+key=value``),
+    ``"force_add"`` (``++key=value``) or ``"delete"`` (``~key``, ``~key=value``). ``value`` is typed as
+    Hydra types it; ``has_value`` is False for a bare ``~key``.
+    """
+
+    action: str
+    key: str
+    value: Any
+    has_value: bool
+
+
+_ACTIONS = {"CHANGE": "set", "ADD": "add", "FORCE_ADD": "force_add", "DEL": "delete"}
+
+
+def parse_override(item: str) -> Override:
+    """``item`` read with Hydra's override grammar, its value typed as Hydra types it.
+
+    >>> parse_override("+model.ctc_weight=2e-1")
+    Override(action='add', key='model.ctc_weight', value=0.2, has_value=True)
+    >>> parse_override("k=yes").value, parse_override("k='1e-3'").value, parse_override("k=[1, a]").value
+    ('yes', '1e-3', [1, 'a'])
+    >>> parse_override("~parallel")
+    Override(action='delete', key='parallel', value=None, has_value=False)
+
+    A sweep (``k=1,2``), a package (``k@pkg=1``) or anything outside the grammar is a one-line
+    :class:`ConfigError` naming the override:
+
+    >>> parse_override("k=1,2")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    espnet3_prefect.errors.ConfigError: override 'k=1,2': a sweep over several values is not supported here; ...
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    if not isinstance(item, str):
+        raise ConfigError(f"override {item!r} is not a string of the form key=value")
+    if not item.startswith("~") and "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value")
+    if not item.lstrip("+~").split("=", 1)[0].strip():
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        [parsed] = OverridesParser.create().parse_overrides([item])
+    except HydraException as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip() and not line.startswith("See https://")]
+        raise ConfigError(
+            f"override {item!r} does not follow Hydra's override grammar ({one_line(' '.join(lines))}); "
+            "quote a value with special characters: key='...'"
+        ) from None
+    key = parsed.key_or_group
+    if parsed.package is not None:
+        raise ConfigError(f"override {item!r}: '@{parsed.package}' (a Hydra package) is not supported here")
+    if parsed.value_type not in (None, ValueType.ELEMENT):
+        raise ConfigError(
+            f"override {item!r}: a sweep over several values is not supported here; for one value quote it "
+            f"({key}='...') or give a list ({key}=[...])"
+        )
+    has_value = parsed.value_type is not None
+    return Override(_ACTIONS[parsed.type.name], key, parsed.value() if has_value else None, has_value)
+
+
+def quote_override_value(text: str) -> str:
+    """``text`` quoted for an override, so Hydra's grammar reads it back as that very string.
+
+    For code that builds ``key=value`` items from paths or names: a ``,`` would start a sweep, a
+    ``~``, ``(`` or non-ASCII letter is outside the unquoted grammar, ``1e-3`` would be a float.
+
+    >>> quote_override_value("/exp/modèle, v2 (it's)")
+    "'/exp/modèle, v2 (it\\\\'s)'"
+    >>> parse_override("+ckpt=" + quote_override_value("/exp/modèle, v2 (it's)")).value
+    "/exp/modèle, v2 (it's)"
+    """
+    # Hydra's quoted strings: a quote is escaped with a backslash, and the backslashes just before
+    # a quote (or the closing one) come in pairs, each pair one backslash; other backslashes are kept.
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
+    return f"'{escaped}'"
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    """Whether dotted ``key`` is in ``cfg`` (a ``???`` value counts; nothing is resolved)."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, throw_on_resolution_failure=False) if parent else cfg
+    if isinstance(node, DictConfig):
+        return leaf in node.keys()
+    if isinstance(node, ListConfig):
+        return leaf.isdigit() and int(leaf) < len(node)
+    return False
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
 def apply_override(cfg: DictConfig, item: str) -> None:
-    """Apply one ``key=value`` override to ``cfg`` in place (``+key=value`` adds, ``~key`` deletes)."""
-    if item.startswith("~"):
-        key = item[1:].split("=", 1)[0]
+    """Apply one override to ``cfg`` in place, read with Hydra's override grammar (:func:`parse_override`).
+
+    ``key=value`` changes a key that is there; ``+key=value`` and ``++key=value`` add or set one;
+    ``~key`` deletes one (``~key=value``: only while it holds ``value``). The value replaces what was
+    there (a mapping is not merged into the old one).
+
+    >>> cfg = OmegaConf.create({"optim": {"lr": 0.1}, "tags": ["a"]})
+    >>> for item in ("optim.lr=1e-3", "+model.ctc_weight=2e-1", "tags=[b, c]", "~optim"):
+    ...     apply_override(cfg, item)
+    >>> OmegaConf.to_container(cfg)
+    {'tags': ['b', 'c'], 'model': {'ctc_weight': 0.2}}
+    >>> apply_override(cfg, "model.ctc=0.3")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    espnet3_prefect.errors.ConfigError: override 'model.ctc=0.3': key 'model.ctc' is not in the config (use ...)
+    """
+    action, key, value, has_value = parse_override(item)
+    if action == "delete":
         parent, _, leaf = key.rpartition(".")
-        node = OmegaConf.select(cfg, parent) if parent else cfg
-        if not isinstance(node, DictConfig) or leaf not in node:
+        node = OmegaConf.select(cfg, parent, throw_on_resolution_failure=False) if parent else cfg
+        if not isinstance(node, DictConfig) or leaf not in node.keys():
             raise ConfigError(f"override {item!r}: key {key!r} is not in the config")
+        if has_value and value is not None:
+            current = _plain(OmegaConf.select(cfg, key, throw_on_resolution_failure=False))
+            if current != value:
+                raise ConfigError(f"override {item!r}: key {key!r} is {current!r}, not {value!r}; nothing deleted")
         del node[leaf]
         return
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} is not of the form key=value")
-    key, value = item.split("=", 1)
-    adding = key.startswith("+")
-    key = key.lstrip("+")
-    if not key:
-        raise ConfigError(f"override {item!r} has an empty key")
-    if not adding and OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+    if action == "set" and not _has_key(cfg, key):
         raise ConfigError(f"override {item!r}: key {key!r} is not in the config (use +{key}=... to add it)")
     try:
-        parsed = yaml.safe_load(value) if value != "" else ""
-    except yaml.YAMLError:
-        parsed = value
-    OmegaConf.update(cfg, key, parsed, merge=False, force_add=True)
+        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"override {item!r}: {one_line(exc)}") from None
 
 
 def list_test_sets(cfg: DictConfig) -> list[str]:
