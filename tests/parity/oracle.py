@@ -9,7 +9,8 @@ Runs only in ``.venv-parity`` (``bash scripts/parity_setup.sh``), from the repos
 Each file is loaded the way ESPnet3's own loader loads it
 (``espnet3.utils.config_utils.load_config_with_defaults(path, resolve=False)``: ``defaults:``
 lists, ``${self_name:}`` bound to that file's stem), the files are merged left to right, then the
-overrides apply (``a.b=1``, ``+a.b=1``, ``~a.b``), then interpolations resolve.
+overrides apply (``a.b=1``, ``+a.b=1``, ``~a.b``, read with Hydra's override grammar, as a command
+line of ours reads them), then interpolations resolve.
 
 For ``infer`` the ``parallel`` block becomes ``{env: local, n_workers: 1, options: {processes:
 false, threads_per_worker: 1, dashboard_address: null}}``: an in-process LocalCluster on Dask's
@@ -27,8 +28,8 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,15 +56,48 @@ def split_args(items: Sequence[str]) -> tuple[list[str], list[str]]:
     return configs, overrides
 
 
+def parse_override(item: str) -> tuple[bool, str, Any]:
+    """``(delete, key, value)`` of one override, read with Hydra's override grammar and its value
+    typed as Hydra types it (``k=yes`` the string ``'yes'``, ``k=1e-3`` a float, ``k='12'`` a string).
+
+    Hydra's own parser, not ``espnet3_prefect``'s: the oracle shares no code with what it checks.
+
+    >>> parse_override("+model.ctc_weight=2e-1"), parse_override("k=yes"), parse_override("k='1e10000000000000'")
+    ((False, 'model.ctc_weight', 0.2), (False, 'k', 'yes'), (False, 'k', '1e10000000000000'))
+    >>> parse_override("d='/exp/modèle, v2 (x)/~y'"), parse_override("k="), parse_override("~a.b")
+    ((False, 'd', '/exp/modèle, v2 (x)/~y'), (False, 'k', ''), (True, 'a.b', None))
+    >>> parse_override("k=1,2")
+    Traceback (most recent call last):
+    ...
+    ValueError: oracle: override 'k=1,2': one value per key (no sweep, no @package)
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    [parsed] = OverridesParser.create().parse_overrides([item])
+    if parsed.package is not None or parsed.value_type not in (None, ValueType.ELEMENT):
+        raise ValueError(f"oracle: override {item!r}: one value per key (no sweep, no @package)")
+    value = parsed.value() if parsed.value_type is not None else None
+    return parsed.is_delete(), parsed.key_or_group, value
+
+
 def apply_override(cfg: DictConfig, item: str) -> None:
-    if item.startswith("~"):
-        parent, _, leaf = item[1:].split("=", 1)[0].rpartition(".")
+    """Apply one override in place: ``~key`` deletes a key that is there, any other sets (or adds) it.
+
+    >>> cfg = OmegaConf.create({"a": {"b": 1}})
+    >>> for item in ("a.b=0017", "+c='1234567890123456'", "+d=[1, x]", "~a"):
+    ...     apply_override(cfg, item)
+    >>> OmegaConf.to_container(cfg)
+    {'c': '1234567890123456', 'd': [1, 'x']}
+    """
+    delete, key, value = parse_override(item)
+    if delete:
+        parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(cfg, parent) if parent else cfg
         if node is not None and leaf in node:
             del node[leaf]
         return
-    key, value = item.split("=", 1)
-    OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value) if value != "" else "", merge=False, force_add=True)
+    OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
 def load(paths: Sequence[str], overrides: Sequence[str] = (), resolve: bool = True) -> DictConfig:
