@@ -140,6 +140,20 @@ def run(
     return _on_api(lambda: _runner_flow(job)(job=job), starting=_runner_workers_beside(job))
 
 
+def run_recipe(run: Any) -> list[dict]:
+    """A recipe's stages as one run of the flow ``recipe`` (``run``: the
+    :class:`~espnet3_prefect.recipe.driver.RecipeRun` :func:`espnet3_prefect.launch` built); returns
+    the stage table's rows."""
+
+    def start():
+        from espnet3_prefect.flows.recipe import recipe
+
+        flow = recipe.with_options(flow_run_name=run.name)
+        return flow(stages=run.stages, configs=run.configs, rerun=run.rerun, prepared=run)
+
+    return _on_api(start)
+
+
 def call_runner(runner: Any, indices: Iterable[int]) -> Any:
     """``runner(indices)``: in this process without a registered ``parallel`` block, else :func:`run`."""
     config = active_parallel_config()

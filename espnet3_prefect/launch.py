@@ -36,22 +36,39 @@ from typing import Any
 
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
 from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL
+from espnet3_prefect.recipe.table import PREFECT_STAGES
 
 logger = logging.getLogger("espnet3_prefect")
-
-PREFECT_STAGES = ("infer", "measure", "collect_stats")
 
 
 def launch(
     system_cls: type, *, conf_package: str | None = None, argv: Sequence[str] | None = None, parser: Any = None
 ) -> None:
-    """ESPnet3's ``launch(system_cls, ...)`` with the parallel stages on Prefect (same arguments);
-    the stages that need a Prefect server share one (:func:`~espnet3_prefect.server.embedded.one_server`)."""
-    from espnet3_prefect.server.embedded import one_server
+    """ESPnet3's ``launch(system_cls, ...)`` as one Prefect flow run, ``recipe``, whose children are the
+    stages (same arguments, plus ``--rerun STAGE``): a stage that is done is Cached, ``train`` resumes
+    from its last checkpoint, ``--dry_run`` prints what would run and starts nothing. The stage table
+    is printed at the end (:mod:`espnet3_prefect.recipe`)."""
+    from espnet3_prefect.recipe.driver import StageFailed, StageRow, format_rows, plan_table
+    from espnet3_prefect.recipe.launcher import load_recipe
 
-    espnet3_launch = _espnet3_launch()
-    with one_server(), errors_without_traceback(logging.getLogger("espnet3")):
-        espnet3_launch(on_prefect(system_cls), conf_package=conf_package, argv=argv, parser=parser)
+    _espnet3_launch()
+    with errors_without_traceback(logging.getLogger("espnet3")):
+        run = load_recipe(on_prefect(system_cls), conf_package=conf_package, argv=argv, parser=parser)
+        # ESPnet3's console logs INFO from every logger: not each request of Prefect's HTTP client
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        if run.dry_run:
+            print(format_rows(plan_table(run)), flush=True)
+            return
+        from espnet3_prefect.entry import run_recipe
+        from espnet3_prefect.server.embedded import one_server
+
+        try:
+            with one_server():
+                rows = [StageRow(**row) for row in run_recipe(run)]
+        except StageFailed as exc:
+            print(format_rows(exc.rows), flush=True)
+            raise
+    print(format_rows(rows), flush=True)
 
 
 @contextlib.contextmanager

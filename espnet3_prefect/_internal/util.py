@@ -55,14 +55,16 @@ def put_on_pythonpath(folder: str | os.PathLike, *, first: bool = True, here_too
     """Make modules in ``folder`` importable by processes started from now on (Dask workers, batch
     jobs: they get ``PYTHONPATH``) and, with ``here_too``, in this process (``sys.path``).
 
-    ``first`` puts it in front (a recipe folder: ``src.inference`` must win); otherwise it is
-    appended, so nothing already on the path is shadowed. Returns the absolute folder.
+    ``first`` puts it in front, also when it is already further back (a recipe folder: its
+    ``src.inference`` must win over the TEMPLATE's ``src``); otherwise it is appended where it is
+    missing, so nothing already on the path is shadowed. Returns the absolute folder.
     """
     here = str(Path(folder).resolve())
-    if here_too and here not in sys.path:
-        sys.path.insert(0, here) if first else sys.path.append(here)
+    if here_too and (first or here not in sys.path):
+        sys.path[:] = [here, *(p for p in sys.path if p != here)] if first else [*sys.path, here]
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if here not in parts:
+    if first or here not in parts:
+        parts = [p for p in parts if p != here]
         os.environ["PYTHONPATH"] = os.pathsep.join([here, *parts] if first else [*parts, here])
     return here
 

@@ -7,7 +7,9 @@ recipe loading ``infer``/``metrics`` share (``--training-config``, ``--system``)
     espnet3-prefect metrics --config conf/metrics.yaml --inference-config conf/inference_parallel.yaml \\
         --training-config conf/training.yaml
 
-``run`` takes ESPnet3's launcher arguments unchanged (``--stages``, ``--<role>_config``, ``--dry_run``);
+``run`` takes ESPnet3's launcher arguments unchanged (``--stages``, ``--<role>_config``, ``--dry_run``),
+plus ``--rerun STAGE``; it is one flow run, ``recipe`` (:mod:`espnet3_prefect.recipe`). ``stages``, with the
+same arguments, prints each stage: Cached, or why it would run; it starts nothing;
 ``--system`` defaults to the one system class of ``espnet3.systems.<this folder's name>.system``.
 """
 
@@ -18,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from espnet3_prefect._internal.util import put_on_pythonpath
 from espnet3_prefect.errors import ConfigError
 
 SYSTEM_HELP = (
@@ -35,6 +38,14 @@ def register(sub) -> None:
     )
     run.add_argument("--system", default=None, help=SYSTEM_HELP)
     run.set_defaults(handler=run_recipe, passes_through=True)
+    stages = sub.add_parser(
+        "stages",
+        help="each stage of a recipe: Cached (done, inputs unchanged) or why it would run; starts "
+        "nothing (the arguments of run)",
+        add_help=False,
+    )
+    stages.add_argument("--system", default=None, help=SYSTEM_HELP)
+    stages.set_defaults(handler=show_stages, passes_through=True)
 
 
 def add_recipe_options(parser: argparse.ArgumentParser) -> None:
@@ -53,9 +64,19 @@ def run_recipe(args: argparse.Namespace) -> int:
     from espnet3_prefect.config.recipe_configs import system_from_path
     from espnet3_prefect.launch import default_system, launch
 
+    # as `python run.py` in the recipe folder has it: that folder first on the path, so the recipe's own
+    # `src` is found before the TEMPLATE's (path.sh puts both on PYTHONPATH), here and in its workers
+    put_on_pythonpath(Path(os.getcwd()), first=True)
     system = system_from_path(args.system or default_system(Path(os.getcwd())))
     launch(system, argv=args.passed_through)
     return 0
+
+
+def show_stages(args: argparse.Namespace) -> int:
+    """``run --dry_run``: the stage table of what a run with these arguments would do."""
+    if "--dry_run" not in args.passed_through:
+        args.passed_through = [*args.passed_through, "--dry_run"]
+    return run_recipe(args)
 
 
 def stage_input(
@@ -89,4 +110,4 @@ def stage_input(
     )
 
 
-__all__ = ["add_recipe_options", "register", "run_recipe", "stage_input"]
+__all__ = ["add_recipe_options", "register", "run_recipe", "show_stages", "stage_input"]

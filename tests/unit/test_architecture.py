@@ -37,6 +37,7 @@ FLOORS = (
     ("pipeline",),
     ("metrics",),
     ("checkpoints",),
+    ("recipe",),  # the recipe as one run: the stage rule, records, the stage loop
     ("tasks",),
     ("flows",),
     ("server",),  # the plug

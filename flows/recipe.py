@@ -1,0 +1,105 @@
+"""Flow ``recipe``: a whole ESPnet3 recipe as one flow run, its stages as children in ESPnet3's order.
+
+stages resolved by ESPnet3's launcher -> for each: done? (the stage rule) -> Cached task run, or run:
+ESPnet3's own stages as task runs (``create_dataset``, ``train_tokenizer``, ``train``, ...), ours as the
+subflow runs they are (``infer``, ``metrics``, ``collect_stats``' ``run-runner``s) -> the stage table
+artifact, with the scores ``measure`` wrote. The loop itself is :func:`espnet3_prefect.recipe.driver.drive_recipe`.
+
+Example, in ESPnet's ``egs3/mini_an4/esp2_asr`` (``python run.py`` with our ``launch`` does the same)::
+
+    espnet3-prefect run --stages all --training_config conf/training.yaml \\
+        --inference_config conf/inference.yaml --metrics_config conf/metrics.yaml
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.execution.run_states import fails_with_its_message
+from espnet3_prefect.recipe.driver import RecipeRun, StageFailed, StageRow, drive_recipe
+from espnet3_prefect.recipe.system import folder
+from espnet3_prefect.recipe.table import PREFECT_STAGES
+from espnet3_prefect.tasks.stage import cached_stage, run_stage, stage_logs_to_prefect
+
+
+class PrefectStages:
+    """The driver's executor: a stage as a task run (ESPnet3's) or in this flow run (ours: their flows
+    are subflow runs of it); a done stage as a task run in the Cached state."""
+
+    def cached(self, stage: str, reason: str) -> None:
+        cached_stage.with_options(task_run_name=stage)(stage, reason)
+
+    def run(self, stage: str, call: Any, why: str) -> None:
+        get_run_logger().info("%s: runs (%s)", stage, why)
+        if stage in PREFECT_STAGES:
+            with stage_logs_to_prefect(stage):
+                call()
+        else:
+            run_stage.with_options(task_run_name=stage)(stage, call)
+
+
+@flow(name="recipe", log_prints=True)
+@fails_with_its_message
+def recipe(
+    stages: list[str], configs: dict[str, str], rerun: list[str] | None = None, prepared: Any = None
+) -> list[dict]:
+    """Run ``stages`` of the recipe (ESPnet3's launcher arguments: the stages, the ``--<role>_config``
+    files, ``--rerun``); ``prepared``: the :class:`~espnet3_prefect.recipe.driver.RecipeRun` the front
+    door built from them (recorded as ``<RecipeRun ...>``)."""
+    if not isinstance(prepared, RecipeRun):
+        raise ConfigError(
+            "recipe: run it with espnet3-prefect run or a run.py with espnet3_prefect.launch "
+            "(a deployment of the whole recipe is not available yet)"
+        )
+    try:
+        rows = drive_recipe(prepared, PrefectStages())
+    except StageFailed as exc:
+        publish_stage_table(prepared, exc.rows)
+        raise
+    publish_stage_table(prepared, rows)
+    return [row.to_dict() for row in rows]
+
+
+def publish_stage_table(run: RecipeRun, rows: list[StageRow]) -> None:
+    """The stage table (stage, state, seconds, outputs, why) and the scores of ``measure``, as one
+    markdown artifact of the recipe's flow run."""
+    from prefect.artifacts import create_markdown_artifact
+
+    lines = ["| stage | state | seconds | outputs | why |", "|---|---|---:|---:|---|"]
+    for row in rows:
+        seconds = "" if row.seconds is None else f"{row.seconds:.1f}"
+        outputs = "" if row.outputs is None else str(row.outputs)
+        lines.append(f"| {row.stage} | {row.state} | {seconds} | {outputs} | {row.why.replace('|', '/')} |")
+    scores = _scores(run)
+    if scores:
+        lines += ["", "**Scores** (`measure`)", "", "| metric | test set | value |", "|---|---|---|"]
+        lines += [f"| {metric} | {test_set} | {value} |" for metric, test_set, value in scores]
+    create_markdown_artifact(
+        markdown="\n".join(lines), key="recipe-stages", description=f"{run.name}: each stage of this run"
+    )
+
+
+def _scores(run: RecipeRun) -> list[tuple[str, str, str]]:
+    """``(metric, test set, value)`` from the inference folder's ``metrics.json``, when ``measure`` is
+    a stage of this run and the file is there."""
+    if "measure" not in run.stages:
+        return []
+    where = folder(run.system, "measure", "inference_dir")
+    path = Path(where) / "metrics.json" if where is not None else None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
+    except (OSError, ValueError):
+        return []
+    rows = []
+    for metric, per_test in data.items():
+        for test_set, value in per_test.items() if isinstance(per_test, dict) else []:
+            rows.append((metric.rsplit(".", 1)[-1], test_set, json.dumps(value)))
+    return rows
+
+
+__all__ = ["PrefectStages", "publish_stage_table", "recipe"]
