@@ -43,15 +43,23 @@ from espnet3_prefect.pipeline.run_plan import RunPlan, plan_run
 from espnet3_prefect.pipeline.runner_job import RunnerJob, importable_from_workers, prepare_job
 
 
-def infer(config: DictConfig) -> None:
+def plan_infer(config: DictConfig | dict) -> RunPlan:
+    """The run plan of ``infer(config)``, every config mistake raised (one line) before anything starts."""
+    plan = plan_run(load_config_input(_plain(config)))
+    _main_guard("infer()", plan.spec.env if not plan.spec.address else None)
+    plan.preflight()
+    return plan
+
+
+def infer(config: DictConfig, *, plan: RunPlan | None = None) -> None:
     """Run inference over every test set of ``config`` and write ``<inference_dir>/<test>/<field>.scp``,
     as ``espnet3.systems.base.inference.infer`` does, as the Prefect flow ``infer``. When every test
     set is already done and verified for this config and code, it returns at once: no server, no
-    cluster, no flow run (one INFO line on the ``espnet3_prefect`` logger), as the command line does."""
+    cluster, no flow run (one INFO line on the ``espnet3_prefect`` logger), as the command line does.
+    ``plan``: the one :func:`plan_infer` made of this ``config`` already (the recipe checks its first
+    stage before its server starts), so that it is built once."""
     plain = _plain(config)
-    plan = plan_run(load_config_input(plain))  # built once, handed to the flow run
-    _main_guard("infer()", plan.spec.env if not plan.spec.address else None)
-    plan.preflight()  # every config error before a server or cluster starts
+    plan = plan or plan_infer(plain)  # built once, handed to the flow run
     if _settled(plan):
         return
     plan.check_inputs()  # work to do: the demo's data, then input_key
@@ -73,12 +81,11 @@ def measure(metrics_config: DictConfig, inference_config: DictConfig | None = No
     When nothing it was computed from has changed since the last run (config, metric code, every input
     file, metrics.json itself: :mod:`espnet3_prefect.metrics.record`), it returns those results at
     once: no server, no flow run (one INFO line on the ``espnet3_prefect`` logger)."""
-    from espnet3_prefect.metrics.prepare import load_any, load_inference_config, prepare_metrics
     from espnet3_prefect.metrics.record import settled_results
 
     plain = _plain(metrics_config)
     plain_inference = None if inference_config is None else _plain(inference_config)
-    plan = prepare_metrics(load_any(plain), inference_config=load_inference_config(plain_inference))
+    plan = prepare_measure(plain, plain_inference)
     results = settled_results(plan)  # every config mistake was raised above, before this
     if results is not None:
         logging.getLogger("espnet3_prefect").info(
@@ -93,6 +100,15 @@ def measure(metrics_config: DictConfig, inference_config: DictConfig | None = No
         return metrics_flow(config=plain, inference_config=plain_inference)
 
     return _on_api(start)
+
+
+def prepare_measure(metrics_config: DictConfig | dict, inference_config: DictConfig | dict | None = None) -> Any:
+    """``metrics.yaml`` validated against the inference config, as ``measure`` validates it (one line
+    naming the key) before anything starts."""
+    from espnet3_prefect.metrics.prepare import load_any, load_inference_config, prepare_metrics
+
+    plain_inference = None if inference_config is None else _plain(inference_config)
+    return prepare_metrics(load_any(_plain(metrics_config)), inference_config=load_inference_config(plain_inference))
 
 
 def run(

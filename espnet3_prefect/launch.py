@@ -31,11 +31,11 @@ import contextlib
 import importlib
 import logging
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
 from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL
+from espnet3_prefect.recipe.launcher import default_system, set_system_wrapper
 from espnet3_prefect.recipe.table import PREFECT_STAGES
 
 logger = logging.getLogger("espnet3_prefect")
@@ -62,6 +62,8 @@ def launch(
         from espnet3_prefect.entry import run_recipe
         from espnet3_prefect.server.embedded import one_server
 
+        check_first_stage(run)
+
         try:
             with one_server():
                 rows = [StageRow(**row) for row in run_recipe(run)]
@@ -69,6 +71,25 @@ def launch(
             print(format_rows(exc.rows), flush=True)
             raise
     print(format_rows(rows), flush=True)
+
+
+#: where :func:`check_first_stage` leaves the plan of an ``infer`` it checked, on the system
+CHECKED_INFER_PLAN = "_espnet3_prefect_infer_plan"
+
+
+def check_first_stage(run: Any) -> None:
+    """The first stage the recipe run will run, when it is ``infer`` or ``measure``, checked as that
+    stage checks itself, before the recipe's server starts: its config mistake is one line and nothing
+    starts. (A later stage is checked when it starts: its inputs are made by the stages before it.)"""
+    from espnet3_prefect.entry import plan_infer, prepare_measure
+    from espnet3_prefect.recipe.driver import CACHED, plan_table
+
+    first = next((row.stage for row in plan_table(run) if row.state != CACHED), None)
+    system = run.system
+    if first == "infer":
+        setattr(system, CHECKED_INFER_PLAN, plan_infer(system.inference_config))
+    elif first == "measure":
+        prepare_measure(system.metrics_config, system.inference_config)
 
 
 @contextlib.contextmanager
@@ -126,28 +147,6 @@ def on_prefect(system_cls: type) -> type:
     )
 
 
-def default_system(recipe_dir: Path) -> str:
-    """The system of a recipe folder named after it, as ESPnet3 lays them out (``egs3/<corpus>/<system>``):
-    the one system class in ``espnet3.systems.<folder name>.system``."""
-    module_name = f"espnet3.systems.{recipe_dir.name}.system"
-    try:
-        module = importlib.import_module(module_name)
-        base = importlib.import_module("espnet3.systems.base.system").BaseSystem
-    except ImportError:
-        raise ConfigError(
-            f"--system: not given, and {recipe_dir.name!r} (this folder's name) is not an ESPnet3 "
-            f"system ({module_name} does not import); pass --system module.Class"
-        ) from None
-    found = [
-        obj
-        for obj in vars(module).values()
-        if isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == module_name
-    ]
-    if len(found) != 1:
-        raise ConfigError(f"--system: {module_name} defines {len(found)} system classes; pass --system module.Class")
-    return f"{module_name}.{found[0].__name__}"
-
-
 # -- the stages that change hands ------------------------------------------------------------------
 
 
@@ -156,7 +155,7 @@ def _infer(self, *args, **kwargs):
     _no_stage_args("infer", args, kwargs)
     from espnet3_prefect.entry import infer
 
-    return infer(self.inference_config)
+    return infer(self.inference_config, plan=self.__dict__.pop(CHECKED_INFER_PLAN, None))
 
 
 def _measure(self, *args, **kwargs):
@@ -225,6 +224,9 @@ def _unbatched(indices: list, batch_size: int | None, name: str) -> tuple[list[i
             f"indices and set batch_size instead"
         )
     return flat, size
+
+
+set_system_wrapper(on_prefect)  # a deployment's recipe flow builds its run with it
 
 
 def _espnet3_launch():

@@ -19,9 +19,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from espnet3_prefect._internal.util import put_on_pythonpath
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.run_states import fails_with_its_message
+from espnet3_prefect.execution.rundir import enter_workdir
 from espnet3_prefect.recipe.driver import RecipeRun, StageFailed, StageRow, drive_recipe
+from espnet3_prefect.recipe.launcher import recipe_from_parameters
 from espnet3_prefect.recipe.system import folder
 from espnet3_prefect.recipe.table import PREFECT_STAGES
 from espnet3_prefect.tasks.stage import cached_stage, run_stage, stage_logs_to_prefect
@@ -46,16 +49,25 @@ class PrefectStages:
 @flow(name="recipe", log_prints=True)
 @fails_with_its_message
 def recipe(
-    stages: list[str], configs: dict[str, str], rerun: list[str] | None = None, prepared: Any = None
+    stages: list[str],
+    configs: dict[str, str],
+    rerun: list[str] | None = None,
+    system: str | None = None,
+    workdir: str | None = None,
+    prepared: Any = None,
 ) -> list[dict]:
-    """Run ``stages`` of the recipe (ESPnet3's launcher arguments: the stages, the ``--<role>_config``
-    files, ``--rerun``); ``prepared``: the :class:`~espnet3_prefect.recipe.driver.RecipeRun` the front
-    door built from them (recorded as ``<RecipeRun ...>``)."""
+    """Run ``stages`` of the recipe in ``workdir`` (default: here): ESPnet3's launcher arguments as
+    parameters (``configs``: ``{role: file}``, e.g. ``{"training": "conf/training.yaml"}``; ``system``:
+    ``module.Class``, default the system the folder is named after; ``rerun``: stages to rerun).
+    ``prepared``: the :class:`~espnet3_prefect.recipe.driver.RecipeRun` a front door in this process
+    built from the same arguments (recorded as ``<RecipeRun ...>``); without it (a deployment's run)
+    the flow builds it, in ``workdir``."""
     if not isinstance(prepared, RecipeRun):
-        raise ConfigError(
-            "recipe: run it with espnet3-prefect run or a run.py with espnet3_prefect.launch "
-            "(a deployment of the whole recipe is not available yet)"
-        )
+        if not workdir:
+            raise ConfigError("workdir: give the recipe folder (the one holding run.py and conf/)")
+        # as `python run.py` has it there: the recipe's own `src` before the TEMPLATE's
+        put_on_pythonpath(enter_workdir(workdir), first=True)
+        prepared = recipe_from_parameters(stages, configs, rerun or [], system)
     try:
         rows = drive_recipe(prepared, PrefectStages())
     except StageFailed as exc:

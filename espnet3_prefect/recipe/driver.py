@@ -21,7 +21,14 @@ from espnet3_prefect.recipe import system as sysview
 from espnet3_prefect.recipe.outputs import digest, manifest, output_files
 from espnet3_prefect.recipe.record import DONE, STARTED, StageRecord, read_record, record_path, write_record
 from espnet3_prefect.recipe.resume import last_checkpoint, resume_from, step_of
-from espnet3_prefect.recipe.rule import config_section, espnet_version, input_change, recipe_modules, redo_reason
+from espnet3_prefect.recipe.rule import (
+    config_section,
+    espnet_version,
+    input_change,
+    named_files,
+    recipe_modules,
+    redo_reason,
+)
 from espnet3_prefect.recipe.table import PREFECT_STAGES, io_of
 
 log = logging.getLogger("espnet3_prefect")
@@ -131,7 +138,13 @@ class RecipeRun:
     def decide(self, stage: str) -> tuple[str | None, StageRecord | None, dict]:
         """``(why it runs, or None when Cached; its record; its inputs now)``."""
         record = read_record(record_path(self.system, stage))
-        inputs = {"config": self.sections[stage], "espnet": espnet_version(), "upstream": self.upstream(stage)}
+        section = self.sections[stage]
+        inputs = {
+            "config": section,
+            "files": named_files(section, self.root),
+            "espnet": espnet_version(),
+            "upstream": self.upstream(stage),
+        }
         if self.forced(stage):
             named = "all" if "all" in self.rerun else next(n for n in self.rerun if n in self.stages)
             return f"--rerun {named}", record, inputs
@@ -232,7 +245,12 @@ def _run_one(run: RecipeRun, executor: StageExecutor, stage: str, inputs: dict, 
         StageRecord(
             stage,
             DONE,
-            {**inputs, "modules": recipe_modules(run.root)},
+            {
+                **inputs,
+                # as they are now: a file the config names may be one the stage wrote (its stats file)
+                "files": named_files(inputs["config"], run.root),
+                "modules": recipe_modules(run.root),
+            },
             outputs,
             digest(outputs),
             started.started_at,

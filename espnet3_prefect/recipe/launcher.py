@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,56 @@ def load_recipe(
     )
 
 
+def default_system(recipe_dir: Path) -> str:
+    """The system of a recipe folder named after it, as ESPnet3 lays them out (``egs3/<corpus>/<system>``):
+    the one system class in ``espnet3.systems.<folder name>.system``."""
+    module_name = f"espnet3.systems.{recipe_dir.name}.system"
+    try:
+        module = importlib.import_module(module_name)
+        base = importlib.import_module("espnet3.systems.base.system").BaseSystem
+    except ImportError:
+        raise ConfigError(
+            f"--system: not given, and {recipe_dir.name!r} (this folder's name) is not an ESPnet3 "
+            f"system ({module_name} does not import); pass --system module.Class"
+        ) from None
+    found = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == module_name
+    ]
+    if len(found) != 1:
+        raise ConfigError(f"--system: {module_name} defines {len(found)} system classes; pass --system module.Class")
+    return f"{module_name}.{found[0].__name__}"
+
+
+#: how a system class becomes one whose infer, measure and collect_stats run on Prefect: set by
+#: :mod:`espnet3_prefect.launch` (``on_prefect``) when the package is imported, the one way up at run time
+_on_prefect: Callable[[type], type] | None = None
+
+
+def set_system_wrapper(wrap: Callable[[type], type]) -> None:
+    global _on_prefect
+    _on_prefect = wrap
+
+
+def recipe_from_parameters(
+    stages: Sequence[str], configs: dict[str, str], rerun: Sequence[str] = (), system: str | None = None
+) -> RecipeRun:
+    """The run a deployment's parameters describe, in the recipe folder (the current one): the same
+    launcher arguments ``espnet3-prefect run`` takes (``configs``: ``{role: file}``)."""
+    from espnet3_prefect.config.recipe_configs import system_from_path
+
+    if _on_prefect is None:
+        raise ConfigError("recipe: espnet3_prefect.launch is not imported")
+    argv = ["--stages", *stages]
+    for role, path in configs.items():
+        argv += [f"--{role}_config", str(path)]
+    if rerun:
+        argv += ["--rerun", *rerun]
+    system_cls = system_from_path(system or default_system(Path.cwd()))
+    return load_recipe(_on_prefect(system_cls), argv=argv)
+
+
 def _espnet3_module(name: str):
     try:
         return importlib.import_module(name)
@@ -83,4 +133,4 @@ def _espnet3_module(name: str):
         ) from None
 
 
-__all__ = ["load_recipe", "recipe_parser"]
+__all__ = ["default_system", "load_recipe", "recipe_from_parameters", "recipe_parser", "set_system_wrapper"]

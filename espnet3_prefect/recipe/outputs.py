@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from espnet3_prefect.recipe import system as sysview
-from espnet3_prefect.recipe.table import io_of, is_bookkeeping
+from espnet3_prefect.recipe.table import RECORD_SUFFIX, io_of, is_bookkeeping
 
 _CHUNK = 1 << 20
 
@@ -54,7 +54,8 @@ def output_files(system: Any, stage: str) -> list[Path]:
         elif kind == "scp":
             candidates = [p for test_set in root.iterdir() if test_set.is_dir() for p in _merged_scp(test_set)]
         else:  # "tree"
-            candidates = _tree(root, _nested_stage_folders(system, stage, root))
+            others = {f"{name}{suffix}" for name in sysview.stage_names(system) if name != stage for suffix in MARKS}
+            candidates = _tree(root, _nested_stage_folders(system, stage, root), others, stage)
         found.update(p for p in candidates if (p.is_file() or p.is_symlink()) and not is_bookkeeping(p.name))
     return sorted(found)
 
@@ -78,11 +79,22 @@ def _nested_stage_folders(system: Any, stage: str, root: Path) -> set[Path]:
     return nested
 
 
-def _tree(root: Path, skip: set[Path]) -> list[Path]:
+#: a folder holding one of these for another stage (``train_tokenizer.log``) is that stage's
+MARKS = (".log", RECORD_SUFFIX)
+
+
+def _tree(root: Path, skip: set[Path], others: set[str], stage: str) -> list[Path]:
+    """The files under ``root``, less the ``skip`` folders and any sub-folder that is another stage's
+    (it holds another stage's record, or the log of another stage of the system: a tokenizer trained
+    by an earlier config, say)."""
+    others_ok = {f"{stage}{RECORD_SUFFIX}"}
     files = []
     for folder, dirs, names in os.walk(root):
         here = Path(folder)
-        dirs[:] = sorted(d for d in dirs if (here / d).resolve() not in skip)
+        foreign_record = any(n.endswith(RECORD_SUFFIX) and n not in others_ok for n in names)
+        if here != root and (here.resolve() in skip or others.intersection(names) or foreign_record):
+            dirs[:] = []
+            continue
         files += [here / name for name in names]
     return files
 

@@ -7,11 +7,13 @@ nothing it was computed from has changed since:
    (:mod:`~espnet3_prefect.recipe.table`: ``train`` reads all of the training config but ``parallel``;
    ``collect_stats`` not the optimiser and trainer keys; ``infer`` not ``parallel`` nor the runner's
    retry and resume keys; ``measure`` its metrics config and the inference config's identity);
-2. **its code**: the installed ``espnet`` version, and every recipe module it ran (the ``.py`` files
+2. **the files its config names** (a checkpoint, a token list: by content; a file over 256 MiB by
+   size and mtime), so a new checkpoint at the same path reruns ``infer``;
+3. **its code**: the installed ``espnet`` version, and every recipe module it ran (the ``.py`` files
    under the recipe folder and ``$PYTHONPATH`` that were imported when it finished), by content;
-3. **its upstream**: the output digests of every earlier stage of the system that has a record, as
+4. **its upstream**: the output digests of every earlier stage of the system that has a record, as
    they were when it ran: a stage re-run that writes the same bytes changes nothing after it;
-4. **its outputs** are still there, as they were written (size and mtime, else content).
+5. **its outputs** are still there, as they were written (size and mtime, else content).
 
 ``--rerun STAGE`` reruns that stage and every later one of the run; ``--rerun all`` every stage.
 
@@ -56,13 +58,32 @@ def config_section(system: Any, stage: str) -> dict:
     io = io_of(stage, sysview.spec_of(system, stage).log_dir)
     section = _plain(sysview.config_of(system, role), role)
     if io.reads is not None:
-        section = {key: section[key] for key in io.reads if key in section}
+        section = _only(section, io.reads)
     for key in io.ignores:
         section.pop(key, None)
     if io.also_reads_role:
         other = _plain(sysview.config_of(system, io.also_reads_role), io.also_reads_role)
         section = {role or "config": section, io.also_reads_role: other}
     return json.loads(json.dumps(section, sort_keys=True, default=str))
+
+
+def _only(data: dict, keys: tuple[str, ...]) -> dict:
+    """``data`` reduced to the (dotted) ``keys`` it has.
+
+    >>> _only({"dataset": {"train": [1], "preprocessor": {"x": 1}}, "data_dir": "d", "model": {}},
+    ...       ("dataset.train", "data_dir", "dataset_dir"))
+    {'dataset': {'train': [1]}, 'data_dir': 'd'}
+    """
+    out: dict = {}
+    for dotted in keys:
+        *parents, leaf = dotted.split(".")
+        source, target = data, out
+        for part in parents:
+            source = source.get(part) if isinstance(source, dict) else None
+            target = target.setdefault(part, {})
+        if isinstance(source, dict) and leaf in source:
+            target[leaf] = source[leaf]
+    return {key: value for key, value in out.items() if value != {}}
 
 
 def _plain(config: Any, role: str | None) -> dict:
@@ -103,6 +124,43 @@ def recipe_modules(root: Path) -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
+#: files named in a config up to this size are known by their content, larger ones by size and mtime
+HASHED_FILE_BYTES = 256 << 20
+
+
+def named_files(section: Any, root: Path) -> dict[str, str]:
+    """``{path: identity}`` of every existing file a config section names (a checkpoint, a token
+    list, a config file of ESPnet2's): its content's sha256, or for a file over
+    :data:`HASHED_FILE_BYTES` its size and mtime. A new checkpoint at the same path is then a change.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); _ = (d / "tokens.txt").write_text("a\\nb\\n")
+    >>> list(named_files({"model": {"token_list": str(d / "tokens.txt"), "size": 2}}, d))
+    ['tokens.txt']
+    """
+    found: dict[str, str] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, str) and 0 < len(value) < 4096 and "\n" not in value:
+            path = Path(value) if Path(value).is_absolute() else root / value
+            try:
+                if not path.is_file():
+                    return
+                st = path.stat()
+                identity = sha256_of(path) if st.st_size <= HASHED_FILE_BYTES else f"{st.st_size}:{st.st_mtime_ns}"
+            except OSError:
+                return
+            found[_shown(path, root)] = identity
+
+    walk(section)
+    return dict(sorted(found.items()))
+
+
 def _shown(path: Path, root: Path) -> str:
     rel = os.path.relpath(path, root.resolve())
     return str(path) if rel.startswith("..") else rel
@@ -119,6 +177,11 @@ def input_change(recorded: dict, now: dict) -> str | None:
         return f"config changed: {first}{shown}{more}"
     if recorded.get("espnet") != now.get("espnet"):
         return f"espnet {recorded.get('espnet')} -> {now.get('espnet')}"
+    old_files, new_files = recorded.get("files", {}), now.get("files", {})
+    for name in sorted(old_files.keys() | new_files.keys()):
+        if old_files.get(name) != new_files.get(name):
+            what = "changed" if name in old_files and name in new_files else "new" if name in new_files else "gone"
+            return f"input file {what}: {name}"
     old, new = recorded.get("upstream", {}), now.get("upstream", {})
     for stage in sorted(old.keys() | new.keys()):
         if stage not in old:

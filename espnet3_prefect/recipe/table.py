@@ -61,8 +61,9 @@ RECORD_SUFFIX = ".stage.json"
 
 @dataclass(frozen=True)
 class StageIO:
-    """What one stage reads (top-level keys of its role's config: all when ``reads`` is None, less
-    ``ignores``) and what it writes (``outputs``, see the module docstring)."""
+    """What one stage reads (keys of its role's config, dotted for a part of a block: all when
+    ``reads`` is None, less the top-level ``ignores``) and what it writes (``outputs``, see the module
+    docstring)."""
 
     reads: tuple[str, ...] | None = None
     ignores: tuple[str, ...] = PLACEMENT
@@ -74,7 +75,17 @@ class StageIO:
 
 STAGES: dict[str, StageIO] = {
     "create_dataset": StageIO(
-        reads=("dataset", "create_dataset", "recipe_dir", "data_dir", "dataset_dir"), outputs=(("tree", "data_dir"),)
+        # the dataset references it prepares, not the training preprocessor beside them
+        reads=(
+            "dataset.train",
+            "dataset.valid",
+            "dataset.test",
+            "create_dataset",
+            "recipe_dir",
+            "data_dir",
+            "dataset_dir",
+        ),
+        outputs=(("tree", "data_dir"),),
     ),
     "train_tokenizer": StageIO(reads=("tokenizer",), outputs=(("tree", "tokenizer.save_path"),)),
     "collect_stats": StageIO(ignores=PLACEMENT + TRAIN_ONLY, outputs=(("tree", "stats_dir"),)),

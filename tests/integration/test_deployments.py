@@ -209,8 +209,13 @@ def test_nightly_carries_its_cron_schedule_and_every_deployment_exists(deployed)
         "evaluate/local",
         "evaluate/nightly",
         "evaluate/checkpoint",
+        "recipe/local",
+        "recipe/nightly",
     }
     assert nightly.work_pool_name == "espnet3-local"
+    with SyncPrefectClient(deployed["state"]["api_url"]) as client:
+        [recipe_nightly] = client.read_deployment_by_name("recipe/nightly").schedules
+    assert recipe_nightly.schedule.cron == "0 4 * * *" and not recipe_nightly.active  # set workdir first
 
 
 @pytest.mark.slurm

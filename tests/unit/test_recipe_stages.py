@@ -55,7 +55,7 @@ class ToySystem:
     def create_dataset(self):
         data = Path(self.training_config.data_dir)
         (data / "manifest").mkdir(parents=True, exist_ok=True)
-        (data / "manifest" / "train.tsv").write_text(f"utt1\t{self.training_config.dataset.split}\n")
+        (data / "manifest" / "train.tsv").write_text(f"utt1\t{self.training_config.dataset.train[0].split}\n")
         (data / "create_dataset.log").write_text(f"{time.time()}\n")  # a log: never an output
 
     def train(self):
@@ -94,7 +94,7 @@ def configs(**changes):
     training = {
         "data_dir": "data",
         "exp_dir": "exp/train",
-        "dataset": {"split": "train"},
+        "dataset": {"train": [{"split": "train"}], "preprocessor": {"token_list": "data/bpe_30/tokens.txt"}},
         "optimizer": {"lr": 0.1},
         "model": {"normalize": "utterance_mvn", "size": 2},
         "parallel": {"env": "local", "n_workers": 1},
@@ -320,3 +320,35 @@ def test_dry_run_table_says_what_would_run_and_starts_nothing():
     assert rows["create_dataset"].state == CACHED
     assert (rows["train"].state, rows["train"].why) == ("to run", "config changed: optimizer.lr (0.1 -> 0.3)")
     assert rows["infer"].why == "after train: Cached if train's outputs come out the same"
+
+
+def test_a_file_the_config_names_is_an_input_by_content():
+    """The nightly case: the inference config names a checkpoint that training keeps rewriting."""
+    Path("exp").mkdir()
+    Path("exp/latest.ckpt").write_text("weights 1\n")
+    drive(recipe_run(inference__model_file="exp/latest.ckpt"))
+    os.utime("exp/latest.ckpt", ns=(5, 5))  # touched, same content: still done
+    run = recipe_run(inference__model_file="exp/latest.ckpt")
+    drive(run)
+    assert run.system.ran == []
+    Path("exp/latest.ckpt").write_text("weights 2\n")
+    run = recipe_run(inference__model_file="exp/latest.ckpt")
+    rows, _ = drive(run)
+    assert run.system.ran == ["infer", "measure"]
+    assert rows["infer"].why == "input file changed: exp/latest.ckpt"
+
+
+def test_create_dataset_reads_its_references_not_the_preprocessor_beside_them():
+    drive(recipe_run())
+    other_tokenizer = Path("data/bpe_31")  # a tokenizer another training config made inside data_dir
+    other_tokenizer.mkdir()
+    (other_tokenizer / "bpe.model").write_text("model\n")
+    (other_tokenizer / "train_tokenizer.stage.json").write_text("{}")  # that stage's record
+    run = recipe_run(training__dataset={"train": [{"split": "train"}], "preprocessor": {"token_list": "x"}})
+    rows, _ = drive(run)
+    assert rows["create_dataset"].state == CACHED
+    run = recipe_run(training__dataset={"train": [{"split": "train-clean"}], "preprocessor": {"token_list": "x"}})
+    rows, _ = drive(run)
+    assert rows["create_dataset"].why.startswith("config changed: dataset.train")
+    record = read_record(record_path(run.system, "create_dataset"))
+    assert list(record.outputs) == ["data/manifest/train.tsv"]  # not the other stage's folder

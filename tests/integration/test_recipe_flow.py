@@ -1,0 +1,105 @@
+"""The flow ``recipe`` on a real Prefect server: the stages as children, Cached task runs on a re-run,
+the stage's log lines in its task run, the stage table artifact, and a failed stage failing the parent
+with its name. The recipe is the small system of tests/unit/test_recipe_stages.py (real files, no
+ESPnet); ESPnet's own mini_an4 goes through it in tests/realespnet/test_recipe_flow.py."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from espnet3_prefect.recipe.driver import StageFailed
+from tests.helpers.api_reads import artifacts_of
+from tests.unit.test_recipe_stages import recipe_run
+
+pytestmark = pytest.mark.slow
+
+
+def run_flow(run):
+    from espnet3_prefect.flows.recipe import recipe
+
+    flow = recipe.with_options(flow_run_name=run.name)
+    return flow(stages=run.stages, configs={}, rerun=run.rerun, prepared=run, return_state=True)
+
+
+def children(flow_run_id, expected: set[str]) -> dict[str, tuple[str, str | None]]:
+    """``{task run name: (state name, state message)}`` of a flow run, once the server's recorder has
+    written the ``expected`` ones in a final state (it writes task runs from their events, each second)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + 60
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        found = {run.name: (run.state.name, run.state.message) for run in runs if run.state and run.state.is_final()}
+        if expected <= set(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def logs_of(flow_run_id) -> list[tuple[str, str | None]]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()  # what the run logged and is still queued in this process
+    with get_client(sync_client=True) as client:
+        found = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return [(log.message, log.task_run_id) for log in found]
+
+
+def test_a_recipe_is_one_flow_run_its_stages_children_cached_on_a_rerun(prefect_server, tmp_path, monkeypatch):
+    from prefect import get_client
+
+    monkeypatch.chdir(tmp_path)
+    first = recipe_run()
+    original = first.run_stage
+
+    def talkative(stage):  # a stage's own logging, as ESPnet3's stages log
+        logging.getLogger("espnet3.systems.toy").info("toy stage %s says hello", stage)
+        original(stage)
+
+    first.run_stage = talkative
+    monkeypatch.setattr(logging.getLogger("espnet3"), "level", logging.INFO)  # as ESPnet3's launcher has it
+    state = run_flow(first)
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    tasks = children(flow_run_id, {"create_dataset", "train"})
+    assert {name: tasks[name][0] for name in ("create_dataset", "train")} == {
+        "create_dataset": "Completed",
+        "train": "Completed",
+    }
+    said = logs_of(flow_run_id)
+    stage_lines = {message: task for message, task in said if message.startswith("toy stage ")}
+    assert set(stage_lines) == {f"toy stage {s} says hello" for s in ("create_dataset", "train", "infer", "measure")}
+    with get_client(sync_client=True) as client:
+        task_ids = {run.name: run.id for run in client.read_task_runs()}
+        table = [a for a in artifacts_of(client, flow_run_id) if a.key == "recipe-stages"]
+    assert stage_lines["toy stage train says hello"] == task_ids["train"]  # under the stage's own task run
+    assert len(table) == 1 and "| train | Completed |" in table[0].data
+    assert '| WER | test | {"WER": 1.0} |' in table[0].data  # measure's scores beside the table
+
+    again = run_flow(recipe_run())
+    assert again.is_completed()
+    tasks = children(again.state_details.flow_run_id, {"create_dataset", "train", "infer", "measure"})
+    assert {name: state for name, (state, _) in tasks.items()} == dict.fromkeys(
+        ("create_dataset", "train", "infer", "measure"), "Cached"
+    )
+    assert "inputs unchanged" in tasks["train"][1]
+
+
+def test_a_failed_stage_fails_the_recipe_with_its_name_and_first_line(prefect_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = recipe_run()
+    run.system.fail = "train"
+    state = run_flow(run)
+    assert state.is_failed()
+    assert state.message == "stage 'train' failed: RuntimeError: train broke"
+    with pytest.raises(StageFailed):
+        state.result()
+    tasks = children(state.state_details.flow_run_id, {"create_dataset", "train"})
+    assert tasks["create_dataset"][0] == "Completed" and tasks["train"][0] == "Failed"
+    assert "infer" not in tasks and "measure" not in tasks  # the later stages did not start
