@@ -151,6 +151,10 @@ def test_bad_parameters_fail_the_run_at_once_with_the_message(deployed):
     run = deployment_run(d, "evaluate/local", 'metrics_config=["recipes/dtmf/conf/nope.yaml"]', timeout=180)
     failed = last_run(d, "evaluate/local")
     assert failed.state.is_failed() and "config file not found: recipes/dtmf/conf/nope.yaml" in failed.state.message
+    run = deployment_run(d, "recipe/local", timeout=180)  # its workdir left at null
+    failed = last_run(d, "recipe/local")
+    assert failed.state.is_failed()
+    assert failed.state.message == "workdir: give the recipe folder (the one holding run.py and conf/)"
 
 
 def test_infer_detach_returns_at_once_and_the_run_finishes_in_its_folder(deployed):
