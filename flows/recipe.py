@@ -14,6 +14,7 @@ Example, in ESPnet's ``egs3/mini_an4/esp2_asr`` (``python run.py`` with our ``la
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import enter_workdir
 from espnet3_prefect.recipe.driver import RecipeRun, StageFailed, StageRow, drive_recipe
 from espnet3_prefect.recipe.launcher import recipe_from_parameters
-from espnet3_prefect.recipe.system import folder
+from espnet3_prefect.recipe.system import folder, log_dir_of
 from espnet3_prefect.recipe.table import PREFECT_STAGES
 from espnet3_prefect.tasks.stage import cached_stage, run_stage, stage_logs_to_prefect
 
@@ -37,8 +38,11 @@ class PrefectStages:
     def cached(self, stage: str, reason: str) -> None:
         cached_stage.with_options(task_run_name=stage)(stage, reason)
 
+    def __init__(self, run: RecipeRun):
+        self.recipe_run = run
+
     def run(self, stage: str, call: Any, why: str) -> None:
-        get_run_logger().info("%s: runs (%s)", stage, why)
+        get_run_logger().info("%s: runs (%s); its log: %s", stage, why, stage_log(self.recipe_run, stage))
         if stage in PREFECT_STAGES:
             with stage_logs_to_prefect(stage):
                 call()
@@ -69,7 +73,7 @@ def recipe(
         put_on_pythonpath(enter_workdir(workdir), first=True)
         prepared = recipe_from_parameters(stages, configs, rerun or [], system)
     try:
-        rows = drive_recipe(prepared, PrefectStages())
+        rows = drive_recipe(prepared, PrefectStages(prepared))
     except StageFailed as exc:
         publish_stage_table(prepared, exc.rows)
         raise
@@ -82,11 +86,12 @@ def publish_stage_table(run: RecipeRun, rows: list[StageRow]) -> None:
     markdown artifact of the recipe's flow run."""
     from prefect.artifacts import create_markdown_artifact
 
-    lines = ["| stage | state | seconds | outputs | why |", "|---|---|---:|---:|---|"]
+    lines = ["| stage | state | seconds | outputs | why | log |", "|---|---|---:|---:|---|---|"]
     for row in rows:
         seconds = "" if row.seconds is None else f"{row.seconds:.1f}"
         outputs = "" if row.outputs is None else str(row.outputs)
-        lines.append(f"| {row.stage} | {row.state} | {seconds} | {outputs} | {row.why.replace('|', '/')} |")
+        why = row.why.replace("|", "/")
+        lines.append(f"| {row.stage} | {row.state} | {seconds} | {outputs} | {why} | `{stage_log(run, row.stage)}` |")
     scores = _scores(run)
     if scores:
         lines += ["", "**Scores** (`measure`)", "", "| metric | test set | value |", "|---|---|---|"]
@@ -94,6 +99,13 @@ def publish_stage_table(run: RecipeRun, rows: list[StageRow]) -> None:
     create_markdown_artifact(
         markdown="\n".join(lines), key="recipe-stages", description=f"{run.name}: each stage of this run"
     )
+
+
+def stage_log(run: RecipeRun, stage: str) -> str:
+    """The stage's ``<stage>.log`` (ESPnet3's, in the stage's folder), relative to the recipe folder."""
+    path = log_dir_of(run.system, stage) / f"{stage}.log"
+    rel = os.path.relpath(path.absolute(), run.root.absolute())
+    return str(path) if rel.startswith("..") else rel
 
 
 def _scores(run: RecipeRun) -> list[tuple[str, str, str]]:

@@ -368,14 +368,3 @@ def lengths_from_files(
     if shapes is not None:
         return FoundLengths(shape_lengths(shapes, n_items), f"shape file {shapes}", SAMPLES)
     return None
-
-
-def summary_of(found: FoundLengths | None) -> dict[str, Any] | None:
-    """What the run's report says of the lengths: source, unit, total.
-
-    >>> summary_of(FoundLengths(np.array([1.0, 2.5]), "audio headers", "s"))
-    {'source': 'audio headers', 'unit': 's', 'total': 3.5}
-    """
-    if found is None:
-        return None
-    return {"source": found.source, "unit": found.unit, "total": round(float(np.sum(found.values)), 6)}

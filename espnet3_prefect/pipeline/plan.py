@@ -405,13 +405,3 @@ def _write_unit(out: IO[str], unit: Unit, leading: str) -> None:
 
 def _dumps(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
-
-
-def read_manifest_shards(path: Path) -> list[dict] | None:
-    """The ``shards`` of a manifest, or None when absent or unreadable."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    shards = data.get("shards") if isinstance(data, dict) else None
-    return shards if isinstance(shards, list) else None

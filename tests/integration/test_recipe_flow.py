@@ -80,6 +80,7 @@ def test_a_recipe_is_one_flow_run_its_stages_children_cached_on_a_rerun(prefect_
         table = [a for a in artifacts_of(client, flow_run_id) if a.key == "recipe-stages"]
     assert stage_lines["toy stage train says hello"] == task_ids["train"]  # under the stage's own task run
     assert len(table) == 1 and "| train | Completed |" in table[0].data
+    assert "| `exp/train/train.log` |" in table[0].data  # where ESPnet3 writes the stage's own log
     assert '| WER | test | {"WER": 1.0} |' in table[0].data  # measure's scores beside the table
 
     again = run_flow(recipe_run())

@@ -153,8 +153,15 @@ def test_run_door_matches_upstream(fsdd_f5tts):
     """``espnet3-prefect run --stages infer`` (ESPnet3's launcher, infer as our flow) on two workers."""
     conf = fsdd_f5tts.conf_copy(PARALLEL, "inference_prefect_run.yaml")
     out = fresh(fsdd_f5tts.recipe / "exp" / "training" / "inference_prefect_run")
-    proc = fsdd_f5tts.run("ours_run_infer", [*cli(), "run", "--stages", "infer", *TRAINING, "--inference_config", conf])
+    cmd = [*cli(), "run", "--stages", "infer", *TRAINING, "--inference_config", conf]
+    proc = fsdd_f5tts.run("ours_run_infer", cmd)
     stage_times(proc.stdout + proc.stderr, "ours: run")
+    assert_same_waveforms(fsdd_f5tts, out)
+    # one flow run of the recipe; the same command again finds the stage done (its record, its outputs)
+    assert re.search(r"^infer\s+Completed\s", proc.stdout, re.M), proc.stdout
+    again = fsdd_f5tts.run("ours_run_infer_again", cmd)
+    assert re.search(r"^infer\s+Cached\s.*inputs unchanged", again.stdout, re.M), again.stdout
+    assert (out / "infer.stage.json").is_file()
     assert_same_waveforms(fsdd_f5tts, out)
 
 

@@ -11,6 +11,7 @@ optimizer, and a longer training killed mid-way and resumed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -201,7 +202,7 @@ def test_train_killed_mid_way_resumes_from_its_last_checkpoint(flow_recipe):
     record = (exp / "train.stage.json").read_text()
     assert '"status": "started"' in record
 
-    resumed = flow_recipe.run("recipe_train_resumed", cmd)
+    resumed = timed(flow_recipe, "recipe_train_resumed", cmd, "40-epoch train killed at step 3: re-run resumes")
     rows = table(resumed.stdout)
     assert [rows[s][0] for s in STAGES[:3]] == ["Cached"] * 3, resumed.stdout
     assert rows["train"][0] == "Completed"
@@ -211,7 +212,7 @@ def test_train_killed_mid_way_resumes_from_its_last_checkpoint(flow_recipe):
     assert "Restoring states from the checkpoint path" in said  # Lightning's own word: it loaded the loop
     assert (exp / "step40.ckpt").is_file()
 
-    fresh = flow_recipe.run("recipe_train_rerun", [*cmd, "--rerun", "train"])
+    fresh = timed(flow_recipe, "recipe_train_rerun", [*cmd, "--rerun", "train"], "--rerun train (step 0)")
     said = fresh.stdout + fresh.stderr
     assert table(fresh.stdout)["train"] == ("Completed", "--rerun train")
     assert "resuming from" not in said and "Restoring states from the checkpoint path" not in said
@@ -241,3 +242,36 @@ def test_a_failing_stage_fails_the_recipe_on_one_line(flow_recipe):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_deployment_runs_the_recipe_from_prefect_yaml(flow_recipe, tmp_path):
+    """``prefect deployment run recipe/local`` (deploy-local: a server and a process worker, prefect.yaml
+    deployed) with the recipe folder as its workdir: every stage, in the worker's flow run, as
+    ``espnet3-prefect run`` runs them (those done before Cached, infer and measure of a new inference
+    config run)."""
+    from tests.helpers.procs import deploy_local
+
+    recipe = flow_recipe.recipe
+    (recipe / "conf" / "inference_deploy.yaml").write_text((recipe / "conf" / "inference_serial.yaml").read_text())
+
+    def recipe_paths(project, env):  # the worker runs the recipe with path.sh's PYTHONPATH and PATH
+        env["PYTHONPATH"] = os.pathsep.join([flow_recipe.env["PYTHONPATH"], env["PYTHONPATH"]])
+        env["PATH"], env["CUDA_VISIBLE_DEVICES"] = flow_recipe.env["PATH"], ""
+
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    with deploy_local(tmp_path, prepare=recipe_paths) as (proc, state, env):
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        env = {**env, "PREFECT_API_URL": state["api_url"]}
+        configs = {"training": "conf/training.yaml", "inference": "conf/inference_deploy.yaml"}
+        configs["metrics"] = "conf/metrics.yaml"
+        cmd = [prefect, "deployment", "run", "recipe/local", "--watch", "--watch-interval", "1"]
+        cmd += ["--param", f"workdir={recipe}", "--param", f"stages={json.dumps(STAGES)}"]
+        cmd += ["--param", f"configs={json.dumps(configs)}"]
+        started = time.monotonic()
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        record_time("recipe/local deployment (infer + measure run)", "ours", time.monotonic() - started)
+        said = run.stdout + run.stderr
+        assert run.returncode == 0 and "Completed" in said, said[-4000:]
+    out = recipe / "exp" / "training" / "inference_deploy"
+    assert (out / "metrics.json").is_file() and (out / "infer.stage.json").is_file()
+    assert '"status": "done"' in (out / "measure.stage.json").read_text()

@@ -70,6 +70,11 @@ class DTMFDataset:
                 sha.update((self.data_dir / name).read_bytes())
         return sha.hexdigest()
 
+    def audio_paths(self) -> list[Path]:
+        """One wav per item, in dataset order: the run reads their headers (nothing decoded) for its
+        RTFx, padding efficiency and per-worker rates."""
+        return [path for _, path, _ in self.entries]
+
     def __getitem__(self, idx: int) -> dict[str, Any]:
         utt_id, path, text = self.entries[idx]
         speech, _ = read_wav(path)
