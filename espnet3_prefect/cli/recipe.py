@@ -30,22 +30,14 @@ SYSTEM_HELP = (
 
 
 def register(sub) -> None:
-    run = sub.add_parser(
-        "run",
-        help="a recipe's stages as its run.py runs them, infer/measure/collect_stats "
-        "on Prefect (ESPnet3's launcher arguments)",
-        add_help=False,
-    )
-    run.add_argument("--system", default=None, help=SYSTEM_HELP)
-    run.set_defaults(handler=run_recipe, passes_through=True)
-    stages = sub.add_parser(
-        "stages",
-        help="each stage of a recipe: Cached (done, inputs unchanged) or why it would run; starts "
-        "nothing (the arguments of run)",
-        add_help=False,
-    )
-    stages.add_argument("--system", default=None, help=SYSTEM_HELP)
-    stages.set_defaults(handler=show_stages, passes_through=True)
+    """``run`` and ``stages``: ESPnet3's launcher arguments, passed through to it (``--system`` ours)."""
+    for name, handler, help_text in (
+        ("run", run_recipe, "a recipe's stages as one Prefect flow run, a done stage Cached"),
+        ("stages", show_stages, "each stage of a recipe: Cached (done) or why it would run; starts nothing"),
+    ):
+        parser = sub.add_parser(name, help=help_text, add_help=False)
+        parser.add_argument("--system", default=None, help=SYSTEM_HELP)
+        parser.set_defaults(handler=handler, passes_through=True)
 
 
 def add_recipe_options(parser: argparse.ArgumentParser) -> None:
