@@ -162,9 +162,7 @@ def plan_table(run: RecipeRun) -> list[StageRow]:
     for stage in run.stages:
         why, record, _ = run.decide(stage)
         if why is None and running is None:
-            rows.append(
-                StageRow(stage, CACHED, record.seconds, len(record.outputs), f"done {record.when()}, inputs unchanged")
-            )
+            rows.append(StageRow(stage, CACHED, None, len(record.outputs), f"{record.done_line()}, inputs unchanged"))
             continue
         if why is None:
             why = f"after {running}: Cached if {running}'s outputs come out the same"
@@ -179,9 +177,9 @@ def drive_recipe(run: RecipeRun, executor: StageExecutor) -> list[StageRow]:
     for stage in run.stages:
         why, record, inputs = run.decide(stage)
         if why is None:
-            reason = f"done {record.when()}, inputs unchanged, {len(record.outputs)} outputs intact"
+            reason = f"{record.done_line()}, inputs unchanged, {len(record.outputs)} outputs intact"
             executor.cached(stage, reason)
-            rows.append(StageRow(stage, CACHED, record.seconds, len(record.outputs), reason))
+            rows.append(StageRow(stage, CACHED, None, len(record.outputs), reason))
             continue
         run.fresh_configs()
         if stage == "train":

@@ -60,6 +60,11 @@ class StageRecord:
         moment = self.finished_at or self.started_at
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment))
 
+    def done_line(self) -> str:
+        """``done 2026-11-28 13:40:16 in 15.0 s``: when this record's run finished, and how long it took."""
+        took = f" in {self.seconds:.1f} s" if self.seconds is not None else ""
+        return f"done {self.when()}{took}"
+
 
 def record_path(system: Any, stage: str) -> Path:
     """``<stage's log folder>/<stage>.stage.json``."""
