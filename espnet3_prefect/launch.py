@@ -87,7 +87,9 @@ def check_first_stage(run: Any) -> None:
     first = next((row.stage for row in plan_table(run) if row.state != CACHED), None)
     system = run.system
     if first == "infer":
-        setattr(system, CHECKED_INFER_PLAN, plan_infer(system.inference_config))
+        plan = plan_infer(system.inference_config)
+        plan.check_inputs()  # the model's own files (F5-TTS's vocoder), the data, each test set's inputs
+        setattr(system, CHECKED_INFER_PLAN, plan)
     elif first == "measure":
         prepare_measure(system.metrics_config, system.inference_config)
 
