@@ -1,6 +1,7 @@
 """The trend across checkpoints: one point per checkpoint content scored with this config, in checkpoint
 order (step, else epoch, else the order they were scored), the best marked; a markdown table for the
-``evaluate-checkpoints`` artifact and ``evaluate_checkpoints.png`` beside the history.
+``evaluate-checkpoints`` artifact and ``evaluate_checkpoints.png`` beside the history: one panel per
+metric over the training step (the checkpoint index, said so on the axis, where steps are unknown).
 
 Best is the lowest value for error rates (a headline label ending in ``ER``: WER, CER, TER, ...),
 the highest for any other score.
@@ -15,17 +16,11 @@ import base64
 from pathlib import Path
 from typing import Any
 
-from espnet3_prefect._internal.atomic import atomic_open
-from espnet3_prefect._internal.png import COLOR_NAMES, line_chart
 from espnet3_prefect.checkpoints.checkpoint import order_field
 from espnet3_prefect.disk.layout import CHECKPOINT_PLOT_NAME
-from espnet3_prefect.metrics.history import series_keys
+from espnet3_prefect.metrics.history import lower_is_better, series_keys, trend_figure, write_chart
 
 CHECKPOINT_PLOT_FILE = CHECKPOINT_PLOT_NAME
-
-
-def lower_is_better(label: str) -> bool:
-    return label.upper().endswith("ER")
 
 
 def checkpoint_points(records: list[dict], config_fingerprint: str) -> list[dict]:
@@ -55,15 +50,37 @@ def best_points(points: list[dict]) -> dict[tuple[str, str], int]:
     return best
 
 
-def write_checkpoint_plot(points: list[dict], path: Path) -> list[tuple[str, str]]:
-    """The PNG: one line per (metric, test set) over the checkpoints in order, the best ringed."""
+def plot_axis(points: list[dict]) -> tuple[list[float], str]:
+    """The x of each point and the axis title: the training step where every checkpoint has one, else
+    the epoch, else the checkpoint's number in the order scored (the title says what is unknown).
+
+    >>> plot_axis([{"checkpoint": {"step": 500, "epoch": 1}}, {"checkpoint": {"step": 900, "epoch": 2}}])
+    ([500, 900], 'training step')
+    >>> plot_axis([{"checkpoint": {"step": None, "epoch": None}}])
+    ([1], 'checkpoint # in the order scored (training steps unknown)')
+    """
+    field = order_field([p["checkpoint"] for p in points])
+    if field == "step":
+        return [p["checkpoint"]["step"] for p in points], "training step"
+    if field == "epoch":
+        return [p["checkpoint"]["epoch"] for p in points], "epoch (training steps unknown)"
+    return list(range(1, len(points) + 1)), "checkpoint # in the order scored (training steps unknown)"
+
+
+def checkpoint_figure(points: list[dict]):
+    """The Figure of :func:`write_checkpoint_plot`: one panel per metric, its test sets as lines over
+    :func:`plot_axis`, the best point of each ringed."""
     keys = series_keys(points)
     series = [[p.get("headline", {}).get(label, {}).get(test) for p in points] for label, test in keys]
-    best = best_points(points)
-    marks = [(k, best[key]) for k, key in enumerate(keys) if key in best]
-    with atomic_open(path, "wb") as handle:
-        handle.write(line_chart(series, marks=marks))
-    return keys
+    x, xlabel = plot_axis(points)
+    title = f"evaluate: scores per checkpoint ({len(points)} checkpoint{'s' if len(points) != 1 else ''})"
+    return trend_figure(title, x, xlabel, keys, series, best=best_points(points))
+
+
+def write_checkpoint_plot(points: list[dict], path: Path) -> list[tuple[str, str]]:
+    """The PNG (:func:`checkpoint_figure`); no file (and a log line) where it cannot be drawn."""
+    write_chart(path, "checkpoint trend", lambda: checkpoint_figure(points))
+    return series_keys(points)
 
 
 def _label(ckpt: dict) -> str:
@@ -99,13 +116,10 @@ def checkpoint_markdown(points: list[dict], current: dict, plot: Path | None) ->
             cells.append(f"**{text}** (best)" if best.get(key) == i else text)
         lines.append("| " + " | ".join(cells) + " |")
     if plot is not None and plot.is_file():
-        legend = ", ".join(
-            f"{COLOR_NAMES[i % len(COLOR_NAMES)]}: {label} {test}" for i, (label, test) in enumerate(keys)
-        )
         encoded = base64.b64encode(plot.read_bytes()).decode()
         lines += [
             "",
-            f"Plot `{plot}` ({legend}; the best point ringed in black):",
+            f"Plot `{plot}` (one panel per metric; the best point ringed in black):",
             "",
             f"![checkpoint trend](data:image/png;base64,{encoded})",
         ]

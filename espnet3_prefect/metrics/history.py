@@ -3,12 +3,15 @@
 One JSON line per ``evaluate`` run, appended next to the outputs
 (``<inference_dir>/evaluate_history.jsonl``): run time, config fingerprint, model identity and
 the scores. The trend (markdown table + ``evaluate_history.png``) is rebuilt from it each run.
+The plot (:func:`trend_figure`, matplotlib) has one panel per metric, each with its own y axis; where
+it cannot be drawn the artifact is the table alone.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -18,8 +21,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from espnet3_prefect._internal.atomic import atomic_open, file_digest, fsync_dir
-from espnet3_prefect._internal.png import COLOR_NAMES, line_chart
 from espnet3_prefect.config.load import fingerprint
+from espnet3_prefect.pipeline.throughput import chart_png
 
 HISTORY_FILE = "evaluate_history.jsonl"
 PLOT_FILE = "evaluate_history.png"
@@ -122,13 +125,93 @@ def series_keys(records: list[dict]) -> list[tuple[str, str]]:
     return keys
 
 
+def lower_is_better(label: str) -> bool:
+    """An error rate (a label ending in ``ER``: WER, CER, TER, ...): lower is better."""
+    return label.upper().endswith("ER")
+
+
+def _number(value: Any) -> float:
+    """A score as a float; NaN where it is missing or not a number (a gap in its line)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else math.nan
+
+
+def trend_figure(
+    title: str,
+    x: list[float],
+    xlabel: str,
+    keys: list[tuple[str, str]],
+    series: list[list[Any]],
+    best: dict[tuple[str, str], int] | None = None,
+):
+    """Scores over ``x`` as a matplotlib ``Figure``, 800 px wide: one panel per metric label, stacked,
+    each with its own y axis (an error rate in %, lower is better); one line per test set, the same
+    colour in every panel, a point per run and no line across a missing value; ``best`` (key -> index)
+    ringed in black. ``series[k]`` holds the values of ``keys[k]`` at each ``x``."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    labels = list(dict.fromkeys(label for label, _ in keys)) or ["(no scores)"]
+    tests = list(dict.fromkeys(test for _, test in keys))
+    fig = Figure(figsize=(8.0, 1.5 + 2.5 * len(labels)), dpi=100, layout="constrained")
+    axes = fig.subplots(len(labels), 1, sharex=True, squeeze=False)[:, 0]
+    fig.suptitle(title)
+    for ax, label in zip(axes, labels):
+        mine = [(k, test) for k, (lab, test) in enumerate(keys) if lab == label]
+        ringed = False
+        for k, test in mine:
+            color = f"C{tests.index(test) % 10}"
+            ax.plot(
+                x, [_number(v) for v in series[k]], marker="o", markersize=4, linewidth=1.5, color=color, label=test
+            )
+        for k, test in mine:  # after the lines: "best" last in the legend
+            ys = [_number(v) for v in series[k]]
+            point = (best or {}).get((label, test))
+            if point is not None and not math.isnan(ys[point]):
+                ax.plot(
+                    [x[point]], [ys[point]], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
+                    markeredgecolor="black", markeredgewidth=1.5, label=None if ringed else "best",
+                )  # fmt: skip
+                ringed = True
+        if not mine:
+            ax.text(0.5, 0.5, "no scores yet", ha="center", va="center", transform=ax.transAxes)
+        elif len(mine) == 1 and not ringed:
+            ax.set_title(f"{label} on {mine[0][1]}", fontsize=10)
+        else:
+            ax.set_title(label, fontsize=10)
+            ax.legend(fontsize=8, loc="best")
+        if mine:
+            ax.set_ylabel(f"{label} (%, lower is better)" if lower_is_better(label) else f"{label} (higher is better)")
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+    axes[-1].set_xlabel(xlabel)
+    return fig
+
+
+def write_chart(path: Path, what: str, draw) -> bool:
+    """Write ``draw()``'s Figure to ``path`` as PNG (atomically); without a chart (no matplotlib, a
+    drawing error: one log line) remove a stale ``path`` instead, so the artifact is the table alone."""
+    png = chart_png(what, draw)
+    if png is None:
+        path.unlink(missing_ok=True)
+        return False
+    with atomic_open(path, "wb") as handle:
+        handle.write(png)
+    return True
+
+
 def write_plot(records: list[dict], path: Path) -> list[tuple[str, str]]:
-    """Write the trend PNG (last :data:`TREND_RUNS` runs) atomically; returns the plotted series."""
+    """Write the trend PNG (last :data:`TREND_RUNS` runs, numbered from the first run) atomically;
+    returns the plotted series."""
     recent = records[-TREND_RUNS:]
     keys = series_keys(recent)
     series = [[r.get("headline", {}).get(label, {}).get(test_set) for r in recent] for label, test_set in keys]
-    with atomic_open(path, "wb") as handle:
-        handle.write(line_chart(series))
+    first = len(records) - len(recent) + 1
+    x = list(range(first, len(records) + 1))
+    where = "/".join(Path(str(records[-1].get("inference_dir", ""))).parts[-2:]) if records else ""
+    title = f"evaluate {where}: scores per run (last {len(recent)} of {len(records)})"
+    write_chart(path, "evaluate trend", lambda: trend_figure(title, x, "evaluate run (oldest left)", keys, series))
     return keys
 
 
@@ -175,9 +258,6 @@ def trend_markdown(records: list[dict], plot: Path | None, status: str, limit: i
                 previous[(label, test)] = value
         lines.append("| " + " | ".join(cells) + " |")
     if plot is not None and plot.is_file():
-        legend = ", ".join(
-            f"{COLOR_NAMES[i % len(COLOR_NAMES)]}: {label} {test}" for i, (label, test) in enumerate(keys)
-        )
         encoded = base64.b64encode(plot.read_bytes()).decode()
-        lines += ["", f"Plot `{plot}` ({legend}):", "", f"![score trend](data:image/png;base64,{encoded})"]
+        lines += ["", f"Plot `{plot}` (one panel per metric):", "", f"![score trend](data:image/png;base64,{encoded})"]
     return "\n".join(lines) + "\n"

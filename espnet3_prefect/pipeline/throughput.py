@@ -10,8 +10,8 @@ The wall time is the shards' (first shard submitted to last one finished), not t
 merge; a worker-second is a second one worker spent inside a shard.
 
 Shown in the closing summary (:func:`throughput_line`), in the UI (a table artifact per test set, one
-row per worker, and beside it a bar chart of the workers' rates, :func:`plot_markdown`: a slow
-worker shows at a glance) and written to ``<inference_dir>/<test>/.throughput.json``
+row per worker, and beside it a bar chart of the workers' rates by name with their mean as a line,
+:func:`plot_markdown`: a slow worker shows at a glance) and written to ``<inference_dir>/<test>/.throughput.json``
 (:attr:`~.layout.StageLayout.throughput`), which no upstream step reads or compares.
 
 >>> t = {"wall_s": 10.0, "busy_s": 18.0, "padding": {"batches": 4, "real": 90.0, "padded": 100.0},
@@ -26,6 +26,8 @@ True
 from __future__ import annotations
 
 import json
+import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from typing import Any
 from espnet3_prefect._internal.atomic import atomic_open
 
 THROUGHPUT_VERSION = 1
+log = logging.getLogger("espnet3_prefect")
 
 
 def worker_name(shard_summary: dict[str, Any]) -> str:
@@ -179,37 +182,125 @@ def artifact_key(test_set: str) -> str:
     return "throughput-" + (re.sub(r"[^a-z0-9]+", "-", test_set.lower()).strip("-") or "test-set")
 
 
+#: The rate each worker's bar shows, by key of a worker row: (what it is, its unit).
+RATES = {
+    "rtfx_per_worker_s": ("RTFx per worker-second", "audio s / worker s"),
+    "items_per_worker_s": ("items per worker-second", "items / worker s"),
+}
+#: A chart larger than this (PNG bytes) is left out of its artifact: artifacts live in Prefect's database.
+MAX_CHART_BYTES = 120_000
+
+
+def rate_key(workers: list[dict[str, Any]]) -> str:
+    """``rtfx_per_worker_s`` when every worker has it (lengths in seconds), else ``items_per_worker_s``."""
+    return "rtfx_per_worker_s" if all(w.get("rtfx_per_worker_s") is not None for w in workers) else "items_per_worker_s"
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def workers_figure(test_set: str, workers: list[dict[str, Any]]):
+    """The workers' rates as a matplotlib ``Figure`` (800 x 400 px, wider past 32 workers): one bar per
+    worker, named on the x axis, its value above it (``n/a``: no bar), and the mean over the workers as
+    a dashed line, both in the legend; a slow worker is a bar well under the line."""
+    from matplotlib.figure import Figure
+
+    key = rate_key(workers)
+    what, unit = RATES[key]
+    names = [str(w.get("worker", "?")) for w in workers]
+    values = [_finite(w.get(key)) for w in workers]
+    n = len(workers)
+    fig = Figure(figsize=(max(8.0, min(24.0, 0.25 * n)), 4.0), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    xs = list(range(n))
+    bars = ax.bar(xs, [v or 0.0 for v in values], color="tab:blue", width=0.6, label=f"{what} of each worker")
+    if n <= 48:
+        ax.bar_label(bars, labels=["n/a" if v is None else f"{v:.3g}" for v in values], padding=2, fontsize=8)
+    known = [v for v in values if v is not None]
+    top = max(known, default=0.0)
+    if known:
+        mean = sum(known) / len(known)
+        ax.axhline(mean, color="tab:red", linestyle="--", linewidth=1.5, label=f"mean of {len(known)}: {mean:.3g}")
+    ax.set_ylim(0.0, 1.3 * top if top > 0 else 1.0)
+    longest = max((len(name) for name in names), default=0)
+    rotation = 0 if n * max(longest, 4) <= 90 else (30 if n <= 24 else 90)
+    ax.set_xticks(
+        xs, names, rotation=rotation, ha="right" if rotation == 30 else "center", fontsize=9 if n <= 24 else 7
+    )
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_title(f"{test_set}: {what}, by worker")
+    ax.set_xlabel("worker (host:pid)")
+    ax.set_ylabel(f"{what}\n({unit})")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(loc="upper right", ncols=2, fontsize=9)  # above the tallest bar: the y axis has room
+    return fig
+
+
+def figure_png(fig) -> bytes:
+    """A Figure's PNG bytes, drawn by the Agg canvas (no pyplot, no display, no global state), in 64
+    colours: a few tens of KB, as artifacts are stored in Prefect's database."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image  # matplotlib's own dependency
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    # 64 colours (octree: each within a few levels of the original) are plenty for flat bars, lines and
+    # antialiased text, at a third of the bytes of RGBA
+    image = image.convert("RGB").quantize(colors=64, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue()
+
+
+def chart_png(what: str, draw) -> bytes | None:
+    """``figure_png(draw())``, or None, with one log line, when matplotlib is missing, the drawing fails
+    or the PNG is over :data:`MAX_CHART_BYTES`: a chart never fails a run (the table stays)."""
+    try:
+        png = figure_png(draw())
+    except ImportError as err:
+        log.warning("%s: no chart (matplotlib not importable: %s); the table only", what, err)
+        return None
+    except Exception as err:  # noqa: BLE001 - a chart is never worth a failed run
+        log.warning("%s: no chart (%s: %s); the table only", what, type(err).__name__, err)
+        return None
+    if len(png) > MAX_CHART_BYTES:
+        log.warning("%s: chart left out (%d bytes > %d); the table only", what, len(png), MAX_CHART_BYTES)
+        return None
+    return png
+
+
 def plot_markdown(test_set: str, data: dict[str, Any] | None) -> str | None:
     """Markdown with a bar chart of each worker's rate (RTFx per worker-second where the lengths are
-    seconds, else items per worker-second) and the list of the numbered workers; None without workers.
+    seconds, else items per worker-second; :func:`workers_figure`) over a table of the workers; the
+    table alone where no chart could be drawn; None without workers.
 
     >>> text = plot_markdown("test_a", {"workers": [{"worker": "n1:7", "shards": 2, "items": 30,
     ...     "rtfx_per_worker_s": 5.0, "items_per_worker_s": 1.5}]})
-    >>> "data:image/png;base64," in text, "1. `n1:7`: 5 (2 shards, 30 items)" in text
+    >>> "data:image/png;base64," in text, "| `n1:7` | 5 | 2 | 30 |" in text
     (True, True)
     """
     import base64
 
-    from espnet3_prefect._internal.png import bar_chart
-
     workers = worker_rows(data)
     if not workers:
         return None
-    by_audio = all(w.get("rtfx_per_worker_s") is not None for w in workers)
-    key, what = (
-        ("rtfx_per_worker_s", "RTFx per worker-second")
-        if by_audio
-        else ("items_per_worker_s", "items per worker-second")
-    )
-    values = [w.get(key) for w in workers]
-    image = base64.b64encode(bar_chart(values)).decode("ascii")
-    legend = []
-    for number, w in enumerate(workers, 1):
+    key = rate_key(workers)
+    what = RATES[key][0]
+    lines = [f"### {test_set}: {what}, by worker", ""]
+    png = chart_png(f"throughput of {test_set}", lambda: workers_figure(test_set, workers))
+    if png is not None:
+        image = base64.b64encode(png).decode("ascii")
+        lines += [f"![{what} by worker](data:image/png;base64,{image})", ""]
+    lines += [f"| worker | {what} | shards | items |", "|---|---|---|---|"]
+    for w in workers:
         value = "n/a" if w.get(key) is None else f"{w[key]:g}"
-        legend.append(f"{number}. `{w['worker']}`: {value} ({w['shards']} shards, {w['items']} items)")
-    return "\n".join(
-        [f"### {test_set}: {what}, by worker", "", f"![{what} by worker](data:image/png;base64,{image})", "", *legend]
-    )
+        lines.append(f"| `{w['worker']}` | {value} | {w['shards']} | {w['items']} |")
+    return "\n".join(lines)
 
 
 def publish(test_set: str, data: dict[str, Any]) -> None:

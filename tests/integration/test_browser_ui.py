@@ -93,10 +93,34 @@ def test_flow_run_link_printed_by_the_cli_shows_the_run_in_chromium(tmp_path, ch
             page.wait_for_text("infer-summary", "infer: per test set shards, items, seconds, items/s", timeout_s=60)
             assert page.click_text("infer-summary")  # the table itself, on the artifact's page
             page.wait_for_text("items_per_s", "shards_run", "test_a", timeout_s=60)
+            # the workers' chart (matplotlib, inlined as a data: PNG) renders in the UI's markdown
+            page.goto(url)
+            page.wait_for_text("Artifacts", timeout_s=60)
+            assert page.click_text("Artifacts")
+            page.wait_for_text("throughput-test-a-plot", timeout_s=60)
+            assert page.click_text("throughput-test-a-plot")
+            page.wait_for_text("test_a: items per worker-second, by worker", timeout_s=60)
+            assert _rendered_png_sizes(page) == [[800, 400]]
         except BaseException:
             keep_evidence(page, request.node.name)
             raise
     print(f"\nCLI run {cli_s:.1f} s; Chromium start + 4 pages {time.monotonic() - browser_started:.1f} s")
+
+
+def _rendered_png_sizes(page: Browser, timeout_s: float = 30) -> list:
+    """The natural (width, height) of each inlined PNG the page shows, once every one has loaded."""
+    expression = (
+        "Array.from(document.images).filter(i => i.src.startsWith('data:image/png'))"
+        ".map(i => [i.complete, i.naturalWidth, i.naturalHeight])"
+    )
+    deadline = time.monotonic() + timeout_s
+    images = []
+    while time.monotonic() < deadline:
+        images = page.evaluate(expression) or []
+        if images and all(done and width for done, width, _ in images):
+            break
+        time.sleep(0.5)
+    return [[width, height] for _, width, height in images]
 
 
 def keep_evidence(page: Browser, name: str) -> None:
@@ -207,3 +231,64 @@ def test_a_link_printed_by_a_finished_run_opens_after_it_ended(tmp_path, chromiu
         except BaseException:
             keep_evidence(page, request.node.name)
             raise
+
+
+def test_a_recipe_run_shows_its_stages_as_children_in_chromium(tmp_path, chromium, request, monkeypatch):
+    """Issue 47: the flow ``recipe`` in the UI. The recipe is tests/unit/test_recipe_stages.py's small
+    system, whose ``infer`` stage runs the real ``infer`` flow on the toy recipe (a subflow run with its
+    shards on a local cluster): the parent shows its stages' task runs, the subflow run, the stage
+    table; a re-run shows every stage Cached. Screenshots: test-artifacts/browser/recipe-*.png (those
+    of docs/_static/ui-recipe-*.png were taken by this test)."""
+    from omegaconf import OmegaConf
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from espnet3_prefect.entry import infer
+    from espnet3_prefect.server.process import start_server, stop_server
+    from tests.helpers.prefect_db import seed
+    from tests.integration.test_recipe_flow import run_flow
+    from tests.unit.test_recipe_stages import recipe_run
+
+    toy = toy_config(tmp_path / "toy", n=8, n_workers=1, num_shards=2)
+    recipe_dir = tmp_path / "recipe"
+    recipe_dir.mkdir()
+    monkeypatch.chdir(recipe_dir)
+    server, api_url = start_server(seed(tmp_path / "server"), ui=True)
+    monkeypatch.setenv("PREFECT_API_URL", api_url)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            first = recipe_run()
+            original = first.run_stage
+
+            def with_a_real_infer(stage):
+                if stage == "infer":
+                    infer(OmegaConf.create(toy))  # the flow `infer`, a subflow run of the recipe's
+                original(stage)
+
+            first.run_stage = with_a_real_infer
+            ran = run_flow(first)
+            again = run_flow(recipe_run())
+        assert ran.is_completed() and again.is_completed()
+        ui = api_url.removesuffix("/api")
+        with Browser(chromium) as page:
+            try:
+                page.goto(f"{ui}/runs/flow-run/{ran.state_details.flow_run_id}")
+                page.wait_for_text("toy/asr", "Completed", "create_dataset: runs", timeout_s=90)
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(ARTIFACTS / "recipe-first-run.png")
+                assert page.click_text("Task Runs")
+                page.wait_for_text("create_dataset", "train", timeout_s=60)
+                assert page.click_text("Subflow Runs")
+                page.wait_for_text("infer", timeout_s=60)
+                assert page.click_text("Artifacts")
+                page.wait_for_text("recipe-stages", timeout_s=60)
+                page.goto(f"{ui}/runs/flow-run/{again.state_details.flow_run_id}")
+                page.wait_for_text("toy/asr", "Completed", timeout_s=90)
+                assert page.click_text("Task Runs")
+                text = page.wait_for_text("Cached", "create_dataset", "measure", timeout_s=60)
+                assert text.count("Cached") >= 4, text[-2000:]
+                page.screenshot(ARTIFACTS / "recipe-rerun-cached.png")
+            except BaseException:
+                keep_evidence(page, request.node.name)
+                raise
+    finally:
+        stop_server(server.pid)

@@ -186,7 +186,13 @@ def test_three_checkpoints_three_triggered_runs_and_a_trend(deployed):
     assert wers[0] > wers[1] > wers[2] == 0.0  # two tones missing, one, none
     assert records[2]["headline"]["WER"]["test_noisy"] == 4.0  # the demo's 8 designed errors
     assert all(r["shards_run"] > 0 for r in records)
-    runs = checkpoint_runs(d)
+
+    # a run appends its history line, then draws its charts and publishes its artifacts: let it end
+    def ended():
+        found = checkpoint_runs(d)
+        return found if all(r.state.is_final() for r in found) else None
+
+    runs = wait_for(ended, 120, "the three runs to end")
     assert len(runs) == 3 and all(r.state.is_completed() for r in runs)
     assert {r.work_queue_name for r in runs} == {CHECKPOINT_QUEUE}
     started = sorted(runs, key=lambda r: r.start_time)

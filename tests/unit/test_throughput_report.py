@@ -110,34 +110,10 @@ def test_on_a_gpu_the_sampler_tells_a_busy_device_from_an_idle_one():
     assert busy.result()["busy"] > 0.5 > idle.result()["busy"], (busy.result(), idle.result())
 
 
-def _pixels(png: bytes) -> tuple[int, int, bytes]:
-    """Width, height and RGB rows of a PNG written by our encoder (one IDAT, filter 0 on each row)."""
-    import struct
-    import zlib
-
-    width, height = struct.unpack(">II", png[16:24])
-    start = png.index(b"IDAT") + 4
-    (length,) = struct.unpack(">I", png[start - 8 : start - 4])
-    raw = zlib.decompress(png[start : start + length])
-    rows = b"".join(raw[y * (3 * width + 1) + 1 : (y + 1) * (3 * width + 1)] for y in range(height))
-    return width, height, rows
-
-
-def test_the_workers_plot_draws_each_rate_to_scale_and_names_the_workers():
-    from espnet3_prefect._internal.png import PALETTE, bar_chart
+def test_the_workers_plot_artifact_names_its_rate_and_lists_the_workers():
+    """The chart itself: tests/unit/test_charts.py."""
     from espnet3_prefect.pipeline.throughput import plot_markdown
 
-    width, height, rgb = _pixels(bar_chart([4.0, 1.0, None, 2.0]))
-    blue = bytes(PALETTE[0])
-
-    def bar_px(row: int) -> int:
-        y = 6 + row * 22 + 8  # the middle of bar ``row`` (gap 6, bar 16)
-        line = rgb[3 * width * y : 3 * width * (y + 1)]
-        return sum(line[3 * x : 3 * x + 3] == blue for x in range(width))
-
-    lengths = [bar_px(r) for r in range(4)]
-    assert lengths[2] == 0 and lengths[0] > 0  # no rate, no bar
-    assert abs(lengths[0] / lengths[1] - 4) < 0.1 and abs(lengths[0] / lengths[3] - 2) < 0.05
     data = {
         "workers": [
             {"worker": "n1:7", "shards": 3, "items": 40, "rtfx_per_worker_s": None, "items_per_worker_s": 2.5},
@@ -146,5 +122,6 @@ def test_the_workers_plot_draws_each_rate_to_scale_and_names_the_workers():
     }
     text = plot_markdown("test_a", data)
     assert text.startswith("### test_a: items per worker-second, by worker")  # lengths not in seconds
-    assert "1. `n1:7`: 2.5 (3 shards, 40 items)" in text and "2. `n2:9`: 0.5 (1 shards, 10 items)" in text
+    assert "data:image/png;base64," in text
+    assert "| `n1:7` | 2.5 | 3 | 40 |" in text and "| `n2:9` | 0.5 | 1 | 10 |" in text
     assert plot_markdown("test_a", {"workers": []}) is None
