@@ -181,12 +181,18 @@ def test_an_edited_optimizer_reruns_train_not_the_statistics(flow_recipe):
 
 
 def test_train_killed_mid_way_resumes_from_its_last_checkpoint(flow_recipe):
-    """40 epochs of one step, a checkpoint each; SIGKILL once step 3's is written; the re-run resumes."""
+    """40 epochs of one step, a checkpoint each; SIGKILL once step 3's is written; the re-run resumes
+    train (the stages before it Cached), then infer and measure run on its last checkpoint."""
     recipe = flow_recipe.recipe
     streaming = (recipe / "conf" / "training_asr_streaming.yaml").read_text()
     assert "  max_epochs: 1\n" in streaming
     (recipe / "conf" / "training_long.yaml").write_text(streaming.replace("  max_epochs: 1\n", "  max_epochs: 40\n"))
-    cmd = [*cli(), "run", "--stages", *STAGES[:4], "--training_config", "conf/training_long.yaml"]
+    serial = (recipe / "conf" / "inference_serial.yaml").read_text()
+    last = serial.replace("${exp_dir}/epoch0_step1_valid.loss.ckpt", "${exp_dir}/last.ckpt")  # whichever epoch is best
+    assert last != serial
+    (recipe / "conf" / "inference_long.yaml").write_text(last)
+    cmd = [*cli(), "run", "--stages", *STAGES, "--training_config", "conf/training_long.yaml"]
+    cmd += ["--inference_config", "conf/inference_long.yaml", *METRICS]
     exp = recipe / "exp" / "training_long"
     log = flow_recipe.logs / "recipe_train_killed.log"
     with open(log, "w") as out:
@@ -205,7 +211,7 @@ def test_train_killed_mid_way_resumes_from_its_last_checkpoint(flow_recipe):
     resumed = timed(flow_recipe, "recipe_train_resumed", cmd, "40-epoch train killed at step 3: re-run resumes")
     rows = table(resumed.stdout)
     assert [rows[s][0] for s in STAGES[:3]] == ["Cached"] * 3, resumed.stdout
-    assert rows["train"][0] == "Completed"
+    assert [rows[s][0] for s in STAGES[3:]] == ["Completed"] * 3  # train, then infer and measure on its model
     said = resumed.stdout + resumed.stderr
     resume_lines = [line for line in said.splitlines() if "train: resuming from exp/training_long/step" in line]
     assert resume_lines, said[-3000:]
@@ -214,7 +220,8 @@ def test_train_killed_mid_way_resumes_from_its_last_checkpoint(flow_recipe):
 
     fresh = timed(flow_recipe, "recipe_train_rerun", [*cmd, "--rerun", "train"], "--rerun train (step 0)")
     said = fresh.stdout + fresh.stderr
-    assert table(fresh.stdout)["train"] == ("Completed", "--rerun train")
+    rows = table(fresh.stdout)
+    assert [rows[s] for s in STAGES[3:]] == [("Completed", "--rerun train")] * 3, fresh.stdout
     assert "resuming from" not in said and "Restoring states from the checkpoint path" not in said
 
 
