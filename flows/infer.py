@@ -52,6 +52,7 @@ def infer(
     enter_workdir(workdir)
     preload_on_main_thread()  # espnet3's classes import dask_jobqueue, which must happen on the main thread
     if not isinstance(plan, RunPlan):
+        get_run_logger().info("infer: planning the run here (no plan was handed over, as for a deployment's run)")
         plan = plan_run(load_config_input(config, overrides))
     spec, stages = plan.spec, plan.stages
     plan.preflight()  # local_gpu without GPUs fails here, also when every shard is cached

@@ -112,6 +112,12 @@ class FsddDataset(BaseDataset):
     def __len__(self) -> int:
         return len(self.rows)
 
+    def audio_paths(self) -> list[str]:
+        """One audio file per item, in dataset order, whose header gives the item's length in seconds
+        (RTFx, ``runner.max_duration``): the recording whose text the item is, about as long as what
+        F5-TTS generates for it (the reference prompt's length is the same for every item)."""
+        return [row[1] for row in self.rows]
+
     def __getitem__(self, idx: int) -> dict[str, Any]:
         row = self.rows[int(idx)]
         item: dict[str, Any] = {"speech": _read(row[1]), "text": row[2]}
