@@ -35,11 +35,11 @@ class PrefectStages:
     """The driver's executor: a stage as a task run (ESPnet3's) or in this flow run (ours: their flows
     are subflow runs of it); a done stage as a task run in the Cached state."""
 
-    def cached(self, stage: str, reason: str) -> None:
-        cached_stage.with_options(task_run_name=stage)(stage, reason)
-
     def __init__(self, run: RecipeRun):
         self.recipe_run = run
+
+    def cached(self, stage: str, reason: str) -> None:
+        cached_stage.with_options(task_run_name=stage)(stage, reason)
 
     def run(self, stage: str, call: Any, why: str) -> None:
         get_run_logger().info("%s: runs (%s); its log: %s", stage, why, stage_log(self.recipe_run, stage))
@@ -60,7 +60,7 @@ def recipe(
     workdir: str | None = None,
     prepared: Any = None,
 ) -> list[dict]:
-    """Run ``stages`` of the recipe in ``workdir`` (default: here): ESPnet3's launcher arguments as
+    """Run ``stages`` of the recipe in the folder ``workdir``: ESPnet3's launcher arguments as
     parameters (``configs``: ``{role: file}``, e.g. ``{"training": "conf/training.yaml"}``; ``system``:
     ``module.Class``, default the system the folder is named after; ``rerun``: stages to rerun).
     ``prepared``: the :class:`~espnet3_prefect.recipe.driver.RecipeRun` a front door in this process
