@@ -51,13 +51,17 @@ def plan_infer(config: DictConfig | dict) -> RunPlan:
     return plan
 
 
-def infer(config: DictConfig, *, plan: RunPlan | None = None) -> None:
+def infer(config: DictConfig) -> None:
     """Run inference over every test set of ``config`` and write ``<inference_dir>/<test>/<field>.scp``,
     as ``espnet3.systems.base.inference.infer`` does, as the Prefect flow ``infer``. When every test
     set is already done and verified for this config and code, it returns at once: no server, no
-    cluster, no flow run (one INFO line on the ``espnet3_prefect`` logger), as the command line does.
-    ``plan``: the one :func:`plan_infer` made of this ``config`` already (the recipe checks its first
-    stage before its server starts), so that it is built once."""
+    cluster, no flow run (one INFO line on the ``espnet3_prefect`` logger), as the command line does."""
+    infer_planned(config, None)
+
+
+def infer_planned(config: DictConfig | dict, plan: RunPlan | None) -> None:
+    """:func:`infer` with ``plan``, the one :func:`plan_infer` made of this ``config`` already (the
+    recipe checks its first stage before its server starts), so that it is built once."""
     plain = _plain(config)
     plan = plan or plan_infer(plain)  # built once, handed to the flow run
     if _settled(plan):

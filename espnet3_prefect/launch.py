@@ -155,9 +155,9 @@ def on_prefect(system_cls: type) -> type:
 def _infer(self, *args, **kwargs):
     """Run inference on the configured test sets as the Prefect flow ``infer``."""
     _no_stage_args("infer", args, kwargs)
-    from espnet3_prefect.entry import infer
+    from espnet3_prefect.entry import infer_planned
 
-    return infer(self.inference_config, plan=self.__dict__.pop(CHECKED_INFER_PLAN, None))
+    return infer_planned(self.inference_config, self.__dict__.pop(CHECKED_INFER_PLAN, None))
 
 
 def _measure(self, *args, **kwargs):

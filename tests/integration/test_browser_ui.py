@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -233,45 +234,52 @@ def test_a_link_printed_by_a_finished_run_opens_after_it_ended(tmp_path, chromiu
             raise
 
 
-def test_a_recipe_run_shows_its_stages_as_children_in_chromium(tmp_path, chromium, request, monkeypatch):
+def test_a_recipe_run_shows_its_stages_as_children_in_chromium(tmp_path, chromium, request):
     """Issue 47: the flow ``recipe`` in the UI. The recipe is tests/unit/test_recipe_stages.py's small
     system, whose ``infer`` stage runs the real ``infer`` flow on the toy recipe (a subflow run with its
-    shards on a local cluster): the parent shows its stages' task runs, the subflow run, the stage
-    table; a re-run shows every stage Cached. Screenshots: test-artifacts/browser/recipe-*.png (those
-    of docs/_static/ui-recipe-*.png were taken by this test)."""
-    from omegaconf import OmegaConf
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    shards on a local cluster), run in a process of its own against a server of this test's: the
+    parent shows its stages' task runs, the subflow run, the stage table; a re-run shows every stage
+    Cached. Screenshots: test-artifacts/browser/recipe-*.png (those of docs/_static/ui-recipe-*.png
+    were taken by this test)."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from espnet3_prefect.entry import infer
     from espnet3_prefect.server.process import start_server, stop_server
     from tests.helpers.prefect_db import seed
-    from tests.integration.test_recipe_flow import run_flow
-    from tests.unit.test_recipe_stages import recipe_run
 
-    toy = toy_config(tmp_path / "toy", n=8, n_workers=1, num_shards=2)
-    recipe_dir = tmp_path / "recipe"
-    recipe_dir.mkdir()
-    monkeypatch.chdir(recipe_dir)
+    toy = write_yaml(tmp_path / "toy.yaml", toy_config(tmp_path / "toy", n=8, n_workers=1, num_shards=2))
+    (tmp_path / "recipe").mkdir()
     server, api_url = start_server(seed(tmp_path / "server"), ui=True)
-    monkeypatch.setenv("PREFECT_API_URL", api_url)
     try:
-        with temporary_settings(updates={PREFECT_API_URL: api_url}):
-            first = recipe_run()
-            original = first.run_stage
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update(PREFECT_API_URL=api_url, PYTHONPATH=str(ROOT))
+        proc = subprocess.run(
+            [sys.executable, "-c", RECIPE_RUNS, str(toy)],
+            cwd=tmp_path / "recipe",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        first, again = json.loads(proc.stdout.strip().splitlines()[-1])
 
-            def with_a_real_infer(stage):
-                if stage == "infer":
-                    infer(OmegaConf.create(toy))  # the flow `infer`, a subflow run of the recipe's
-                original(stage)
+        def recorded(flow_run_id, n):  # the server writes task runs from their events, each second
+            deadline = time.monotonic() + 120
+            with SyncPrefectClient(api_url) as client:
+                while time.monotonic() < deadline:
+                    found = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+                    if len([run for run in found if run.state and run.state.is_final()]) >= n:
+                        return
+                    time.sleep(1)
+            pytest.fail(f"the server recorded fewer than {n} finished task runs of {flow_run_id}")
 
-            first.run_stage = with_a_real_infer
-            ran = run_flow(first)
-            again = run_flow(recipe_run())
-        assert ran.is_completed() and again.is_completed()
+        recorded(first, 2)  # create_dataset, train (infer is its subflow run, measure runs in the flow)
+        recorded(again, 4)
         ui = api_url.removesuffix("/api")
         with Browser(chromium) as page:
             try:
-                page.goto(f"{ui}/runs/flow-run/{ran.state_details.flow_run_id}")
+                page.goto(f"{ui}/runs/flow-run/{first}")
                 page.wait_for_text("toy/asr", "Completed", "create_dataset: runs", timeout_s=90)
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 page.screenshot(ARTIFACTS / "recipe-first-run.png")
@@ -281,7 +289,7 @@ def test_a_recipe_run_shows_its_stages_as_children_in_chromium(tmp_path, chromiu
                 page.wait_for_text("infer", timeout_s=60)
                 assert page.click_text("Artifacts")
                 page.wait_for_text("recipe-stages", timeout_s=60)
-                page.goto(f"{ui}/runs/flow-run/{again.state_details.flow_run_id}")
+                page.goto(f"{ui}/runs/flow-run/{again}")
                 page.wait_for_text("toy/asr", "Completed", timeout_s=90)
                 assert page.click_text("Task Runs")
                 text = page.wait_for_text("Cached", "create_dataset", "measure", timeout_s=60)
@@ -292,3 +300,31 @@ def test_a_recipe_run_shows_its_stages_as_children_in_chromium(tmp_path, chromiu
                 raise
     finally:
         stop_server(server.pid)
+
+
+# The recipe run and its re-run, in a process of its own (Prefect's event and log workers are this
+# process's, bound to the first API they met): prints the two flow run ids as JSON.
+RECIPE_RUNS = """
+import json, sys
+
+from espnet3_prefect.config.load import load_config
+from espnet3_prefect.entry import infer
+from tests.integration.test_recipe_flow import run_flow
+from tests.unit.test_recipe_stages import recipe_run
+
+if __name__ == "__main__":
+    toy = load_config([sys.argv[1]])
+    first = recipe_run()
+    original = first.run_stage
+
+    def with_a_real_infer(stage):
+        if stage == "infer":
+            infer(toy)  # the flow `infer`, a subflow run of the recipe's
+        original(stage)
+
+    first.run_stage = with_a_real_infer
+    ran = run_flow(first)
+    again = run_flow(recipe_run())
+    assert ran.is_completed() and again.is_completed(), (ran, again)
+    print(json.dumps([str(ran.state_details.flow_run_id), str(again.state_details.flow_run_id)]))
+"""

@@ -46,6 +46,14 @@ OURS_EXTRA = ("+runner.retries=0",)
 PREFETCH_ENGAGED = "+parallel.num_shards=2"
 
 
+def override(key: str, path: Any) -> str:
+    """``key=<path>``, the path quoted for Hydra's override grammar (a run folder's name holds ``+``
+    and ``=``: ``ours-hooks-venv-1-+parallel.num_shards=2``), as every side reads its overrides."""
+    from espnet3_prefect.config.load import quote_override_value
+
+    return f"{key}={quote_override_value(str(path))}"
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -233,8 +241,8 @@ class ParityRuns:
         if recipe.template:
             return []
         if recipe.data == "fsdd":
-            return [f"fsdd_dir={self.fsdd_dir}"]
-        return [f"data_dir={self.dtmf_dir}"]
+            return [override("fsdd_dir", self.fsdd_dir)]
+        return [override("data_dir", self.dtmf_dir)]
 
     def _workspace(self, key: tuple, recipe: Recipe) -> tuple[Path, str, str, list[str]]:
         """(cwd, config path as passed, inference_dir as configured, overrides) for a fresh run."""
@@ -255,7 +263,7 @@ class ParityRuns:
             run_dir,
             str(recipe.config_path),
             inference_dir,
-            [f"inference_dir={inference_dir}", *self._data_overrides(recipe)],
+            [override("inference_dir", inference_dir), *self._data_overrides(recipe)],
         )
 
     def _hook_env(self, recipe: Recipe, cwd: Path) -> dict[str, str]:
@@ -304,7 +312,7 @@ class ParityRuns:
             cwd = run_dir / "recipe"
             return cwd, "exp/parity/inference", []
         inference_dir = str(run_dir / "exp")
-        return run_dir, inference_dir, [f"inference_dir={inference_dir}", *self._data_overrides(recipe)]
+        return run_dir, inference_dir, [override("inference_dir", inference_dir), *self._data_overrides(recipe)]
 
     def _execute(self, key: tuple) -> RunResult:
         kind = key[0]
@@ -346,7 +354,7 @@ class ParityRuns:
             return _not_run(key, source)
         cwd, inference_dir, overrides = self._copy_of(key, recipe, source)
         metrics_config = str(RECIPES_DIR / case.config)
-        args = ["--config", metrics_config, f"inference_dir={inference_dir}"]
+        args = ["--config", metrics_config, override("inference_dir", inference_dir)]
         if case.with_inference_config:
             args += ["--inference-config", str(recipe.config_path), *overrides]
         if key[0] == "measure_up":
@@ -367,7 +375,7 @@ class ParityRuns:
             *overrides,
             "--metrics-config",
             str(RECIPES_DIR / METRICS_CASES["scp_stems"].config),
-            f"inference_dir={inference_dir}",
+            override("inference_dir", inference_dir),
         ]
         return self._run(key, cmd, cwd, inference_dir)
 
