@@ -24,9 +24,10 @@ def run_flow(run):
     return flow(stages=run.stages, configs={}, rerun=run.rerun, prepared=run, return_state=True)
 
 
-def children(flow_run_id, expected: set[str]) -> dict[str, tuple[str, str | None]]:
-    """``{task run name: (state name, state message)}`` of a flow run, once the server's recorder has
-    written the ``expected`` ones in a final state (it writes task runs from their events, each second)."""
+def children(flow_run_id, expected: set[str]) -> dict[str, tuple[str, str | None, object]]:
+    """``{task run name: (state name, state message, task run id)}`` of a flow run, once the server's
+    recorder has written the ``expected`` ones in a final state (it writes task runs from their events,
+    each second). Filtered by the flow run: the suite's server holds thousands of other task runs."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -34,7 +35,9 @@ def children(flow_run_id, expected: set[str]) -> dict[str, tuple[str, str | None
     while True:
         with get_client(sync_client=True) as client:
             runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        found = {run.name: (run.state.name, run.state.message) for run in runs if run.state and run.state.is_final()}
+        found = {
+            run.name: (run.state.name, run.state.message, run.id) for run in runs if run.state and run.state.is_final()
+        }
         if expected <= set(found) or time.monotonic() > deadline:
             return found
         time.sleep(0.5)
@@ -76,9 +79,8 @@ def test_a_recipe_is_one_flow_run_its_stages_children_cached_on_a_rerun(prefect_
     stage_lines = {message: task for message, task in said if message.startswith("toy stage ")}
     assert set(stage_lines) == {f"toy stage {s} says hello" for s in ("create_dataset", "train", "infer", "measure")}
     with get_client(sync_client=True) as client:
-        task_ids = {run.name: run.id for run in client.read_task_runs()}
         table = [a for a in artifacts_of(client, flow_run_id) if a.key == "recipe-stages"]
-    assert stage_lines["toy stage train says hello"] == task_ids["train"]  # under the stage's own task run
+    assert stage_lines["toy stage train says hello"] == tasks["train"][2]  # under the stage's own task run
     assert len(table) == 1 and "| train | Completed |" in table[0].data
     assert "| `exp/train/train.log` |" in table[0].data  # where ESPnet3 writes the stage's own log
     assert '| WER | test | {"WER": 1.0} |' in table[0].data  # measure's scores beside the table
@@ -86,7 +88,7 @@ def test_a_recipe_is_one_flow_run_its_stages_children_cached_on_a_rerun(prefect_
     again = run_flow(recipe_run())
     assert again.is_completed()
     tasks = children(again.state_details.flow_run_id, {"create_dataset", "train", "infer", "measure"})
-    assert {name: state for name, (state, _) in tasks.items()} == dict.fromkeys(
+    assert {name: state for name, (state, _, _) in tasks.items()} == dict.fromkeys(
         ("create_dataset", "train", "infer", "measure"), "Cached"
     )
     assert "inputs unchanged" in tasks["train"][1]
