@@ -86,12 +86,14 @@ def publish_stage_table(run: RecipeRun, rows: list[StageRow]) -> None:
     markdown artifact of the recipe's flow run."""
     from prefect.artifacts import create_markdown_artifact
 
-    lines = ["| stage | state | seconds | outputs | why | log |", "|---|---|---:|---:|---|---|"]
+    lines = ["| stage | state | seconds | node-hours | outputs | why | log |", "|---|---|---:|---:|---:|---|---|"]
     for row in rows:
         seconds = "" if row.seconds is None else f"{row.seconds:.1f}"
+        node_hours = "" if row.node_hours is None else f"{row.node_hours:.4f}"
         outputs = "" if row.outputs is None else str(row.outputs)
         why = row.why.replace("|", "/")
-        lines.append(f"| {row.stage} | {row.state} | {seconds} | {outputs} | {why} | `{stage_log(run, row.stage)}` |")
+        log = f"`{stage_log(run, row.stage)}`"
+        lines.append(f"| {row.stage} | {row.state} | {seconds} | {node_hours} | {outputs} | {why} | {log} |")
     scores = _scores(run)
     if scores:
         lines += ["", "**Scores** (`measure`)", "", "| metric | test set | value |", "|---|---|---|"]

@@ -29,6 +29,11 @@ def register(sub) -> None:
         description=__doc__.split("\n\n")[0],
     )
     add_config(parser)
+    parser.add_argument(
+        "--stage",
+        default=None,
+        help="print the job one stage runs as where the config's placement.<STAGE> block places it (e.g. train)",
+    )
     parser.set_defaults(handler=run_cluster_script)
 
 
@@ -53,11 +58,37 @@ def cluster_preview(cfg) -> tuple[str, str]:
     return backend.preview(spec, backend.cluster_kwargs(spec, context))
 
 
+def stage_preview(cfg, stage: str) -> tuple[str, str]:
+    """``(kind, text)`` for the job ``stage`` runs as where ``placement.<stage>`` of ``cfg`` places it: the
+    batch job's script (its folder under ``exp_dir``, its name ``e3p-<stage>-preview``), or for ``env:
+    local`` the command its child process runs."""
+    from omegaconf import OmegaConf
+
+    from espnet3_prefect.errors import ConfigError
+    from espnet3_prefect.execution import backends
+    from espnet3_prefect.execution.backends.preview import dump_yaml, no_new_folders
+    from espnet3_prefect.execution.stage_job import JOBS_DIRNAME, BatchJob, JobPaths, job_command
+    from espnet3_prefect.recipe.placement import KEY, placement_spec
+
+    key = f"{KEY}.{stage}"
+    block = OmegaConf.select(cfg, key)
+    if block is None:
+        raise ConfigError(f"{key}: not in the given config (the config {stage} reads places it)")
+    spec = placement_spec(block, key)
+    paths = JobPaths(Path(str(cfg.get("exp_dir") or ".")).expanduser().resolve() / JOBS_DIRNAME / stage)
+    if spec.env == "local":
+        return "yaml", dump_yaml({"env": "local", "command": job_command(paths, Path.cwd())})
+    with no_new_folders(paths.folder):
+        job = BatchJob(backends.get(spec.env), spec, paths, f"e3p-{stage}-preview", cwd=Path.cwd())
+        return "job script", job.script()
+
+
 def run_cluster_script(args: argparse.Namespace) -> int:
     from espnet3_prefect.config.load import load_config
 
     configs, overrides = configs_of(args)
-    kind, text = cluster_preview(load_config(configs, overrides))
+    cfg = load_config(configs, overrides)
+    kind, text = stage_preview(cfg, args.stage) if args.stage else cluster_preview(cfg)
     if kind == "job script":
         print("# job name and scheduler address are set per flow run; nothing was submitted", file=sys.stderr)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from espnet3_prefect.errors import Espnet3PrefectError, one_line
 from espnet3_prefect.recipe import system as sysview
 from espnet3_prefect.recipe.outputs import digest, manifest, output_files
+from espnet3_prefect.recipe.placement import placements, run_placed
 from espnet3_prefect.recipe.record import DONE, STARTED, StageRecord, read_record, record_path, write_record
 from espnet3_prefect.recipe.resume import last_checkpoint, resume_from, step_of
 from espnet3_prefect.recipe.rule import (
@@ -57,6 +58,8 @@ class StageRow:
     seconds: float | None = None
     outputs: int | None = None
     why: str = ""
+    #: a placed stage's cost: its job's node-hours (one node for the seconds its payload ran)
+    node_hours: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -65,6 +68,7 @@ class StageRow:
             "seconds": self.seconds,
             "outputs": self.outputs,
             "why": self.why,
+            "node_hours": self.node_hours,
         }
 
 
@@ -95,8 +99,13 @@ class RecipeRun:
     sections: dict[str, dict] = field(default_factory=dict)
     #: the role configs as the launcher built them, copied before any stage runs
     pristine: dict[str, Any] = field(default_factory=dict)
+    #: where a stage runs when not here: ``{stage: spec}`` from the configs' ``placement`` blocks
+    placed: dict[str, Any] = field(default_factory=dict)
+    #: the jobs placed stages ran as in this run: ``{stage: JobOutcome}``
+    jobs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        self.placed = self.placed or placements(self.system)
         for stage in self.stages:
             self.sections.setdefault(stage, config_section(self.system, stage))
         for name, value in vars(self.system).items():
@@ -110,6 +119,16 @@ class RecipeRun:
         whichever stages ran before it in this process."""
         for name, value in self.pristine.items():
             setattr(self.system, name, copy.deepcopy(value))
+
+    def stage_call(self, stage: str):
+        """What runs ``stage``: ESPnet3's ``run_stages`` for it, here or as one job where it is placed."""
+        if stage not in self.placed:
+            return lambda: self.run_stage(stage)
+
+        def placed() -> None:
+            self.jobs[stage] = run_placed(self, stage, self.placed[stage])
+
+        return placed
 
     def __reduce__(self):
         return (_gone, ())
@@ -197,23 +216,29 @@ def drive_recipe(run: RecipeRun, executor: StageExecutor) -> list[StageRow]:
 
 
 def format_rows(rows: list[StageRow]) -> str:
-    """The stage table as the terminal shows it.
+    """The stage table as the terminal shows it (a ``node-h`` column when a stage ran as a job).
 
     >>> print(format_rows([StageRow("train", CACHED, 12.3, 4, "done 2026-11-28 10:00:00, inputs unchanged")]))
     stage  state   seconds  outputs  why
     train  Cached     12.3        4  done 2026-11-28 10:00:00, inputs unchanged
+    >>> print(format_rows([StageRow("train", COMPLETED, 72.0, 4, "no finished run recorded", 0.0193)]))
+    stage  state      seconds  node-h  outputs  why
+    train  Completed     72.0  0.0193        4  no finished run recorded
     """
-    cells = [("stage", "state", "seconds", "outputs", "why")]
+    jobs = any(row.node_hours is not None for row in rows)
+    cells = [("stage", "state", "seconds", *(("node-h",) if jobs else ()), "outputs", "why")]
     for row in rows:
         seconds = "" if row.seconds is None else f"{row.seconds:.1f}"
+        node_hours = ("" if row.node_hours is None else f"{row.node_hours:.4f}",) if jobs else ()
         outputs = "" if row.outputs is None else str(row.outputs)
-        cells.append((row.stage, row.state, seconds, outputs, row.why))
-    widths = [max(len(line[i]) for line in cells) for i in range(4)]
-    aligned = ("<", "<", ">", ">")
+        cells.append((row.stage, row.state, seconds, *node_hours, outputs, row.why))
+    count = len(cells[0]) - 1
+    widths = [max(len(line[i]) for line in cells) for i in range(count)]
+    aligned = ("<", "<", *(">",) * (count - 2))
     out = []
     for line in cells:
         padded = [f"{cell:{side}{width}}" for cell, side, width in zip(line, aligned, widths)]
-        out.append("  ".join([*padded, line[4]]).rstrip())
+        out.append("  ".join([*padded, line[-1]]).rstrip())
     return "\n".join(out)
 
 
@@ -235,7 +260,7 @@ def _run_one(run: RecipeRun, executor: StageExecutor, stage: str, inputs: dict, 
     started = StageRecord(stage, STARTED, inputs)
     write_record(path, started)
     log.info("stage %s: runs (%s)", stage, why)
-    executor.run(stage, lambda: run.run_stage(stage), why)
+    executor.run(stage, run.stage_call(stage), why)
     outputs = manifest(output_files(run.system, stage), run.root)
     finished = time.time()
     write_record(
@@ -256,7 +281,9 @@ def _run_one(run: RecipeRun, executor: StageExecutor, stage: str, inputs: dict, 
             round(finished - started.started_at, 3),
         ),
     )
-    return StageRow(stage, COMPLETED, round(finished - started.started_at, 1), len(outputs), why)
+    job = run.jobs.get(stage)
+    node_hours = round(job.running_s / 3600, 4) if job is not None else None
+    return StageRow(stage, COMPLETED, round(finished - started.started_at, 1), len(outputs), why, node_hours)
 
 
 def forget_done_shards(system: Any, stage: str) -> int:

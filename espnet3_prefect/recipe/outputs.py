@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from espnet3_prefect.execution.stage_job import JOBS_DIRNAME
 from espnet3_prefect.recipe import system as sysview
 from espnet3_prefect.recipe.table import RECORD_SUFFIX, io_of, is_bookkeeping
 
@@ -84,13 +85,14 @@ MARKS = (".log", RECORD_SUFFIX)
 
 
 def _tree(root: Path, skip: set[Path], others: set[str], stage: str) -> list[Path]:
-    """The files under ``root``, less the ``skip`` folders and any sub-folder that is another stage's
-    (it holds another stage's record, or the log of another stage of the system: a tokenizer trained
-    by an earlier config, say)."""
+    """The files under ``root``, less the ``skip`` folders, the stage jobs' folders (``.stage-jobs``) and
+    any sub-folder that is another stage's (it holds another stage's record, or the log of another stage
+    of the system: a tokenizer trained by an earlier config, say)."""
     others_ok = {f"{stage}{RECORD_SUFFIX}"}
     files = []
     for folder, dirs, names in os.walk(root):
         here = Path(folder)
+        dirs[:] = [name for name in dirs if name != JOBS_DIRNAME]
         foreign_record = any(n.endswith(RECORD_SUFFIX) and n not in others_ok for n in names)
         if here != root and (here.resolve() in skip or others.intersection(names) or foreign_record):
             dirs[:] = []

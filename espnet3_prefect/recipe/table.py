@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: keys of the ``parallel`` kind: where a stage runs, never what it writes
-PLACEMENT = ("parallel",)
+#: keys of the ``parallel`` kind: where a stage runs, never what it writes (``placement``: where each
+#: stage runs, :mod:`~espnet3_prefect.recipe.placement`)
+PLACEMENT = ("parallel", "placement")
 
 #: training-config keys that only ``train`` reads (optimisation, the trainer, checkpoint choice):
 #: editing one reruns ``train`` and what follows, not ``collect_stats``

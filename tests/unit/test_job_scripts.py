@@ -232,3 +232,22 @@ def test_kube_cluster_arguments_snapshot():
 def test_kube_cluster_resource_snapshot():
     pytest.importorskip("dask_kubernetes", reason='dask-kubernetes not installed (pip install "espnet3-prefect[kube]")')
     check_snapshot("kube_dask_cluster", normalise(dump_yaml(render_kube_spec(kube_kwargs()))))
+
+
+#: the blocks a placed ``train`` is snapshot-tested with (``placement.train``: one job, no n_workers)
+TRAIN_JOB_BLOCKS = ("slurm_gpu", "sge_gpu", "pbs_gpu", "lsf_gpu", "oar_cpu")
+
+
+@pytest.mark.parametrize("name", TRAIN_JOB_BLOCKS)
+def test_train_job_script_snapshot(name, tmp_path):
+    """What a placed ``train`` submits: the worker's directives and exports, the stage job's command."""
+    from espnet3_prefect.execution.stage_job import BatchJob, JobPaths
+    from espnet3_prefect.recipe.placement import placement_spec
+
+    block = {key: value for key, value in BLOCKS[name].items() if key != "n_workers"}
+    spec = placement_spec(block, "placement.train")
+    paths = JobPaths(tmp_path / "exp" / "train" / ".stage-jobs" / "train")
+    job = BatchJob(backends.get(spec.env), spec, paths, "e3p-train-0123456789", cwd=tmp_path, environ=ENVIRON)
+    text = job.script().replace(str(tmp_path.resolve()), "/shared/recipe")
+    assert "distributed.cli.dask_worker" not in text and "-m espnet3_prefect.execution.stage_job" in text
+    check_snapshot(f"train_job_script_{name}", normalise(text))

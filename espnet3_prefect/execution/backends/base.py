@@ -252,6 +252,11 @@ class Backend:
 
     # -- cluster-script -------------------------------------------------------------------------
 
+    def submitted_text(self, job_script: str) -> str:
+        """What submitting ``job_script`` hands the scheduler, for people: the script itself, except
+        where the scheduler takes it otherwise (OAR: the ``oarsub`` command line)."""
+        return job_script
+
     def preview(self, spec: ParallelSpec, kwargs: Mapping[str, Any]) -> tuple[str, str]:
         """``(kind, text)`` shown by ``cluster-script``: ``"job script"`` or ``"yaml"``."""
         from espnet3_prefect.execution.backends.preview import dump_yaml

@@ -130,11 +130,14 @@ class OarBackend(JobqueueBackend):
         OarJob.__name__ = OarJob.__qualname__ = base.__name__
         return OarJob
 
-    def preview(self, spec, kwargs: Mapping[str, Any]) -> tuple[str, str]:
+    def submitted_text(self, job_script: str) -> str:
         """The ``oarsub`` command line: the script is submitted inline, so its shebang and comment
         lines never reach OAR; what is shown is what is submitted."""
+        return oarsub_text(job_script)
+
+    def preview(self, spec, kwargs: Mapping[str, Any]) -> tuple[str, str]:
         kind, script = super().preview(spec, kwargs)
-        return kind, oarsub_text(script)
+        return kind, self.submitted_text(script)
 
 
 def _directive(directive: Any) -> tuple[str, str]:

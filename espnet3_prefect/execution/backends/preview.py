@@ -4,8 +4,9 @@ script of a dask-jobqueue cluster, and YAML for people."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from espnet3_prefect.errors import ConfigError, one_line
@@ -21,7 +22,6 @@ def render_job_script(cluster_class: type, kwargs: Mapping[str, Any]) -> str:
     from distributed.core import Status
 
     kwargs = {k: v for k, v in kwargs.items() if k != "n_workers"}
-    created = _first_missing(kwargs.get("log_directory"))  # dask-jobqueue creates the folder: undo that
 
     async def build() -> str:
         cluster = cluster_class(asynchronous=True, **kwargs)
@@ -45,9 +45,19 @@ def render_job_script(cluster_class: type, kwargs: Mapping[str, Any]) -> str:
                 return pool.submit(asyncio.run, coro).result()
 
     try:
-        return runner(build())
+        with no_new_folders(kwargs.get("log_directory")):  # dask-jobqueue creates the folder: undo that
+            return runner(build())
     except ValueError as exc:  # dask-jobqueue's own checks, e.g. an unknown keyword
         raise ConfigError(f"parallel.options: {cluster_class.__name__} rejects them: {one_line(exc)}") from None
+
+
+@contextlib.contextmanager
+def no_new_folders(path: Any) -> Iterator[None]:
+    """Remove, on the way out, the folders of ``path`` that did not exist on the way in (and are still
+    empty): what a Job object's constructor creates for a script that is only shown."""
+    created = _first_missing(path)
+    try:
+        yield
     finally:
         if created is not None:
             _remove_empty_tree(created)

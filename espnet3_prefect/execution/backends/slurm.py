@@ -34,6 +34,18 @@ class SlurmQueue(JobQueue):
                 jobs.append(QueuedJob(*parts))
         return jobs
 
+    def final_state(self, job_id: str) -> str | None:
+        """How a job that left ``squeue`` ended, while slurmctld still holds it (``MinJobAge``, 300 s by
+        default; no accounting database needed): ``CANCELLED``, ``TIMEOUT``, ``PREEMPTED``, ... with its
+        reason and exit code, or None when SLURM no longer knows it."""
+        done = run_command(["scontrol", "-o", "show", "job", job_id], timeout_s=30, check=False)
+        fields = dict(part.split("=", 1) for part in done.stdout.split() if "=" in part)
+        if "JobState" not in fields:
+            return None
+        reason = fields.get("Reason", "None")
+        detail = f", reason {reason}" if reason not in ("None", "") else ""
+        return f"{fields['JobState']} (exit code {fields.get('ExitCode', '?')}{detail})"
+
     def cancel(self, job_ids: list[str]) -> None:
         if job_ids:
             run_command(["scancel", *job_ids], timeout_s=30, check=False)
