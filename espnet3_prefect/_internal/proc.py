@@ -11,7 +11,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
-from pathlib import Path
+
+import psutil
 
 from espnet3_prefect.errors import Espnet3PrefectError
 
@@ -46,55 +47,49 @@ def run_command(
 
 # ----------------------------------------------------------------------------- processes
 
+#: how much later than recorded a process's start time may read (psutil derives it from the boot
+#: time, which follows the clock, and a record's time may be cut to the second)
+CLOCK_SLACK_S = 2.0
+
 
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` exists (also a zombie, and one we may not signal)."""
-    if pid <= 0:
-        return False
+    return pid > 0 and psutil.pid_exists(pid)
+
+
+def started_by(pid: int, when: float) -> bool:
+    """Whether process ``pid`` exists and started no later than ``when`` (seconds since the epoch, give
+    or take :data:`CLOCK_SLACK_S`): the process a record of that time names, not one that took its pid
+    since. True when its start time may not be read (another user's process, on some systems)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        return pid > 0 and psutil.Process(pid).create_time() <= when + CLOCK_SLACK_S
+    except psutil.AccessDenied:
         return True
-    return True
+    except psutil.NoSuchProcess:
+        return False
 
 
 def stop_group(pid: int, timeout_s: float = 20, first: int = signal.SIGTERM) -> None:
     """Stop the process group led by ``pid`` (started with ``start_new_session``): ``first`` (the
     signal its processes stop on: SIGTERM for most, SIGINT for a Prefect worker), then SIGKILL after
-    ``timeout_s`` (the last resort). Returns when ``pid`` is gone."""
+    ``timeout_s`` (the last resort). Returns when ``pid`` is gone (a child of ours reaped)."""
     for sig in (first, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
-        except ProcessLookupError:
+            psutil.Process(pid).wait(timeout_s)
             return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            if not pid_alive(pid):
-                return
-            time.sleep(0.1)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            return
+        except psutil.TimeoutExpired:
+            continue
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (Linux ``/proc``; empty elsewhere), parents first."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 1:
-            parents.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, queue = [], [pid]
-    while queue:
-        for child in parents.get(queue.pop(0), []):
-            found.append(child)
-            queue.append(child)
-    return found
+    """Every live descendant of ``pid``, parents first (empty when ``pid`` is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def stop_tree(pid: int, timeout_s: float = 15, first: int = signal.SIGTERM) -> bool:
@@ -104,26 +99,36 @@ def stop_tree(pid: int, timeout_s: float = 15, first: int = signal.SIGTERM) -> b
     other descendant SIGTERM (a flow run's engine and Dask's workers stop on it), all at once, so
     that a parent that waits for its children does not wait in vain; whatever still runs after
     ``timeout_s`` is killed (SIGKILL, the last resort). False when ``pid`` was not running (gone, or a
-    zombie). Descendants are found through Linux ``/proc`` (elsewhere only the group goes)."""
+    zombie). A pid taken by another process meanwhile is never signalled (psutil checks its start time)."""
     if not (pid > 0 and running(pid)):
         return False
-    family = descendants(pid)
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
     for last_resort in (False, True):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL if last_resort else first)  # nothing when pid leads no group
-        for member in (pid, *family):
-            if running(member) and not _in_group(member, pid):
-                sig = signal.SIGKILL if last_resort else first if member == pid else signal.SIGTERM
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(member, sig)
-        left = [p for p in (pid, *family) if running(p)]
-        deadline = time.monotonic() + timeout_s
-        while left and time.monotonic() < deadline:
-            time.sleep(0.1)
-            left = [p for p in left if running(p)]
-        if not left:
+        for member in family:
+            if _running(member) and not _in_group(member.pid, pid):
+                sig = signal.SIGKILL if last_resort else first if member is root else signal.SIGTERM
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    member.send_signal(sig)
+        if not wait_gone(family, timeout_s):
             break
     return True
+
+
+def wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait up to ``timeout_s`` until none of ``procs`` runs (:func:`running`); those still running.
+    Not :func:`psutil.wait_procs`: it waits for a zombie that is not our child as if it ran."""
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in procs if _running(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if _running(p)]
+    return left
 
 
 def _in_group(pid: int, group: int) -> bool:
@@ -136,12 +141,20 @@ def _in_group(pid: int, group: int) -> bool:
 
 def running(pid: int) -> bool:
     """Alive and not a zombie (a child of ours that exited is reaped on the way)."""
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    if not pid_alive(pid):
-        return False
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return pid > 0 and _running(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        if not proc.is_running():  # gone, or its pid taken by a process started since
+            return False
+        with contextlib.suppress(psutil.TimeoutExpired):
+            proc.wait(0)  # reaps a child of ours that exited
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
         return True

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 
+import psutil
+
 from espnet3_prefect.errors import ConfigError
 
 HOST_VAR = "ESPNET3_PREFECT_SERVER_HOST"
@@ -31,17 +33,18 @@ def is_loopback(host: str) -> bool:
 
 def resolve_host(host: str) -> str:
     """The address the server binds for ``host``: an address, a network interface name (its IPv4
-    address) or a host name (resolved); one line naming ``host`` when it is none of these."""
+    address, else its IPv6 one) or a host name (resolved); one line naming ``host`` when it is none of these."""
     host = host.strip()
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
         pass
-    if host in dict(socket.if_nameindex()).values():
-        address = _interface_address(host)
-        if address is None:
-            raise ConfigError(f"--server-host {host}: the network interface has no IPv4 address")
-        return address
+    interfaces = psutil.net_if_addrs()
+    if host in interfaces:
+        found = _addresses(interfaces[host])
+        if not found:
+            raise ConfigError(f"--server-host {host}: the network interface has no IPv4 or IPv6 address")
+        return found[0]
     try:
         return socket.gethostbyname(host)
     except OSError:
@@ -50,22 +53,22 @@ def resolve_host(host: str) -> str:
         ) from None
 
 
-def _interface_address(name: str) -> str | None:
-    import fcntl
-    import struct
+def _addresses(nics: list) -> list[str]:
+    """The IPv4 addresses of one interface's ``psutil`` entries, then its IPv6 ones but link-local
+    (those are bound only with the interface named)."""
+    v4 = [nic.address for nic in nics if nic.family == socket.AF_INET]
+    v6 = [nic.address for nic in nics if nic.family == socket.AF_INET6 and not _link_local(nic.address)]
+    return v4 + v6
 
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:  # SIOCGIFADDR
-            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
+
+def _link_local(address: str) -> bool:
+    return ipaddress.ip_address(address.split("%", 1)[0]).is_link_local
 
 
 def interface_addresses() -> list[str]:
-    """The IPv4 addresses of this machine's network interfaces (loopback included)."""
-    found = (_interface_address(name) for _index, name in socket.if_nameindex())
-    return [address for address in found if address]
+    """The IPv4 and IPv6 addresses of this machine's network interfaces (loopback included, IPv6
+    link-local not)."""
+    return [address for nics in psutil.net_if_addrs().values() for address in _addresses(nics)]
 
 
 def url_host(address: str) -> str:

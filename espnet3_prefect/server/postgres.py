@@ -34,18 +34,20 @@ import base64
 import contextlib
 import hashlib
 import hmac
+import math
 import os
 import pwd
 import secrets
 import signal
 import subprocess
-import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from espnet3_prefect._internal.atomic import atomic_write_text
-from espnet3_prefect._internal.proc import running
+from espnet3_prefect._internal.proc import running, started_by, wait_gone
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
 
 #: the Debian package holding the server binaries (initdb, postgres)
@@ -277,14 +279,11 @@ def _postmaster(data: Path) -> tuple[int, int, str] | None:
     """(pid, port, status) from ``postmaster.pid`` while that postmaster runs; else None."""
     try:
         lines = (data / "postmaster.pid").read_text().splitlines()
-        pid, port = int(lines[0]), int(lines[3])
+        pid, started, port = int(lines[0]), int(lines[2]), int(lines[3])
     except (OSError, ValueError, IndexError):
         return None
-    if not running(pid):
+    if not (running(pid) and started_by(pid, started)):  # not a stale pid file whose pid another process took
         return None
-    with contextlib.suppress(OSError):
-        if str(data) not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-            return None  # a stale pid file whose pid now belongs to another process
     return pid, port, lines[7].strip() if len(lines) > 7 else ""
 
 
@@ -331,51 +330,53 @@ def start_postgres(
     already = running_postgres(folder)
     if already is not None:
         return already
-    port = port or _pick_port(folder)
-    log = open(folder / "postgres.log", "ab")
-    try:
-        proc = subprocess.Popen(
-            [str(bins / "postgres"), "-D", str(folder / "data"), "-p", str(port)],
+    port, logfile = port or _pick_port(folder), folder / "postgres.log"
+    with open(logfile, "ab") as log:  # the server's output too: pg_ctl hands it its own
+        started = subprocess.run(
+            [str(bins / "pg_ctl"), "start", "-w", "-s", "-t", _seconds(timeout_s), "-D", str(folder / "data")]
+            + ["-o", f"-p {port}"],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
             **_as_user(user),
         )
-    finally:
-        log.close()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = " ".join((folder / "postgres.log").read_text(errors="replace").split()[-40:])
-            raise PostgresError(f"PostgreSQL exited with code {proc.returncode}; {folder / 'postgres.log'}: {tail}")
-        found = _postmaster(folder / "data")
-        if found and found[0] == proc.pid and found[2] == "ready":
-            atomic_write_text(folder / PORT_FILE, str(port))
-            return _database(folder, proc.pid, port)
-        time.sleep(0.1)
-    stop_postgres(proc.pid)
-    raise PostgresError(f"PostgreSQL did not accept connections in {timeout_s:g} s; see {folder / 'postgres.log'}")
+    found = _postmaster(folder / "data")
+    if started.returncode == 0 and found and found[2] == "ready":
+        atomic_write_text(folder / PORT_FILE, str(port))
+        return _database(folder, found[0], port)
+    if found:  # still starting up
+        stop_postgres(found[0])
+        raise PostgresError(f"PostgreSQL did not accept connections in {timeout_s:g} s; see {logfile}")
+    tail = " ".join(logfile.read_text(errors="replace").split()[-40:])
+    raise PostgresError(f"PostgreSQL did not start (pg_ctl exit {started.returncode}); {logfile}: {tail}")
 
 
 def stop_postgres(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> bool:
-    """Stop the postmaster ``pid`` (started by :func:`start_postgres`): SIGINT, PostgreSQL's fast
-    shutdown (open transactions rolled back, a checkpoint, every backend gone), then SIGKILL to its
-    process group after ``timeout_s``. Returns when it is gone; False when it was not running."""
+    """Stop the postmaster ``pid`` (started by :func:`start_postgres`): ``pg_ctl stop -m fast``,
+    PostgreSQL's fast shutdown (open transactions rolled back, a checkpoint, every backend gone), then
+    SIGKILL to its process group after ``timeout_s``. Returns when it is gone; False when it was not
+    running (or is no cluster's postmaster: its working directory, the data dir, names another pid)."""
     if not (pid > 0 and running(pid)):
         return False
-    for sig, wait_s in ((signal.SIGINT, timeout_s), (signal.SIGKILL, 10.0)):
+    try:
+        proc = psutil.Process(pid)
+        data = Path(proc.cwd())  # a postmaster works in its data dir
+    except psutil.Error:
+        return False
+    if (_postmaster(data) or (None,))[0] != pid:
+        return False
+    stop = [str(bin_dir() / "pg_ctl"), "stop", "-w", "-s", "-m", "fast", "-t", _seconds(timeout_s), "-D", str(data)]
+    stopped = subprocess.run(stop, capture_output=True, stdin=subprocess.DEVNULL, **_as_user(_run_as()))
+    if wait_gone([proc], 10.0 if stopped.returncode == 0 else 0):  # the last resort
         with contextlib.suppress(ProcessLookupError):
-            if sig == signal.SIGKILL:
-                os.killpg(pid, sig)
-            else:
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if not running(pid):
-                return True
-            time.sleep(0.1)
+            os.killpg(pid, signal.SIGKILL)
+        wait_gone([proc], 10.0)
     return True
+
+
+def _seconds(timeout_s: float) -> str:
+    """A timeout as pg_ctl's ``-t`` takes it: whole seconds, at least one."""
+    return str(max(1, math.ceil(timeout_s)))
 
 
 def create_database(database: Database, name: str, template: str | None = None) -> Database:

@@ -16,7 +16,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -129,27 +128,25 @@ def stop_redis(pid: int, folder: Path, timeout_s: float = 20) -> None:
 
 
 def ping(host: str, port: int, password: str, timeout_s: float = 2.0) -> bool:
-    """True when the Redis at ``host:port`` takes ``password`` and answers PING (RESP, no client library)."""
+    """True when the Redis at ``host:port`` takes ``password`` and answers PING (redis-py, no retries)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    def bulk(*words: str) -> bytes:
-        parts = [f"*{len(words)}\r\n".encode()]
-        for word in words:
-            data = word.encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-        return b"".join(parts)
-
+    client = redis.Redis(
+        host=host,
+        port=port,
+        password=password,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
-            sock.sendall(bulk("AUTH", password) + bulk("PING"))
-            answer = b""
-            while answer.count(b"\r\n") < 2:
-                chunk = sock.recv(256)
-                if not chunk:
-                    break
-                answer += chunk
-    except OSError:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
         return False
-    return answer.startswith(b"+OK\r\n+PONG")
+    finally:
+        client.close()
 
 
 def start_redis(state: Path, host: str = "127.0.0.1") -> RedisServer:

@@ -12,10 +12,13 @@ import os
 import signal
 import urllib.parse
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
-from espnet3_prefect._internal.proc import pid_alive, stop_tree
+import psutil
+
+from espnet3_prefect._internal.proc import pid_alive, started_by, stop_tree
 from espnet3_prefect.errors import Espnet3PrefectError
 from espnet3_prefect.server.drain import drain_server
 from espnet3_prefect.server.process import forget_server, healthy, stop_server
@@ -71,15 +74,23 @@ class ServerRecord:
         return healthy(self.api_url, timeout_s, cafile=self.ssl_cert_file)
 
 
-def _is_prefect_server(pid: int) -> bool:
-    """Alive, and (where /proc tells) still a ``prefect`` process, not a recycled pid."""
-    if not isinstance(pid, int) or pid <= 0 or not pid_alive(pid):
+def _is_prefect_server(pid: int, data: dict) -> bool:
+    """Alive, and still the process its record ``data`` names, not a recycled pid: started by the
+    record's ``create_time`` when it has one, else (older records) by the time it was written and a
+    ``prefect`` process (its command line says so, where it may be read)."""
+    if not isinstance(pid, int) or not pid_alive(pid):
         return False
+    if isinstance(data.get("create_time"), (int, float)):
+        return started_by(pid, data["create_time"])
+    with contextlib.suppress(ValueError, TypeError):
+        if not started_by(pid, datetime.fromisoformat(data.get("started")).timestamp()):
+            return False
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return any("prefect" in part for part in psutil.Process(pid).cmdline())
+    except psutil.AccessDenied:
         return True
-    return b"prefect" in cmdline
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _deploy_worker(home: Path, pid: int) -> int | None:
@@ -110,7 +121,7 @@ def list_servers() -> list[ServerRecord]:
             }
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours to judge; never deleted
-        if not _is_prefect_server(pid):
+        if not _is_prefect_server(pid, data):
             entry.unlink(missing_ok=True)
             continue
         found.append(ServerRecord(**fields, worker_pid=_deploy_worker(Path(fields["state_dir"]), pid)))
