@@ -130,9 +130,18 @@ def duration_batches(
     return batches
 
 
+def padded_length(lengths: Sequence[float]) -> float:
+    """What a batch costs padded: its longest item's length times its item count (0 for no items).
+
+    >>> padded_length([1.0, 3.0, 2.0]), padded_length([])
+    (9.0, 0.0)
+    """
+    return float(max(lengths, default=0.0)) * len(lengths)
+
+
 def padding(units: Sequence[Any], length_of: dict[int, float]) -> dict[str, Any]:
-    """``{"batches", "real", "padded"}``: the summed real lengths and padded lengths (longest x count
-    per batch) of ``units``; ``real / padded`` is the padding efficiency.
+    """``{"batches", "real", "padded"}``: the summed real lengths and padded lengths
+    (:func:`padded_length`) of ``units``; ``real / padded`` is the padding efficiency.
 
     >>> padding([[0, 1], [2]], {0: 1.0, 1: 3.0, 2: 2.0})
     {'batches': 2, 'real': 6.0, 'padded': 8.0}
@@ -142,7 +151,7 @@ def padding(units: Sequence[Any], length_of: dict[int, float]) -> dict[str, Any]
         items = unit if isinstance(unit, list) else [unit]
         values = [length_of[i] for i in items]
         real += sum(values)
-        padded += max(values, default=0.0) * len(values)
+        padded += padded_length(values)
     return {"batches": len(units), "real": round(real, 6), "padded": round(padded, 6)}
 
 

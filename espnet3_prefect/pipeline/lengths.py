@@ -10,21 +10,24 @@ Sources, in order (the first that answers wins):
 2. **Audio headers**, in seconds (frames / sample rate, read by ``soundfile.info``, or the standard
    library's ``wave`` for a ``.wav`` where soundfile is absent; nothing is decoded). The files are the
    dataset's own, found without reading an item (reading one decodes it): a method ``audio_paths()``
-   (ours: one path per item, in dataset order: the contract to implement), else the record lists
-   ESPnet3 202611's recipes keep (``mini_an4``: ``_entries`` of records with ``wav_path``;
-   ``librispeech_100`` and ``spgispeech``: ``_examples`` with ``audio_path``), else a list attribute
-   ``audio_paths`` / ``wav_paths`` / ``paths`` (a plain ``paths`` only of audio files: ``.wav``,
-   ``.flac``, ...) of one path per item. ESPnet3's wrappers are looked through: a test set is a
-   ``CombinedDataset`` (``datasets``: concatenated) of ``DatasetWithTransform`` (``dataset``). No 202611
+   (ours: one path per item, in dataset order: the contract to implement), else a list of records
+   naming each item's file (``audio_path`` / ``wav_path``): public ``entries`` / ``examples``, else the
+   private lists ESPnet3 202611's recipes keep, which nothing public replaces (:func:`item_records`),
+   else a list attribute ``audio_paths`` / ``wav_paths`` / ``paths`` (a plain ``paths`` only of audio
+   files: ``.wav``, ``.flac``, ...) of one path per item. ESPnet3's wrappers are looked through: a test
+   set is a ``CombinedDataset`` (``datasets``: concatenated) of ``DatasetWithTransform`` (``dataset``). No 202611
    dataset reads a Kaldi ``wav.scp`` (their manifests are TSV and CSV files, or scanned folders), so
    none is looked for. On the driver, read once per dataset fingerprint (every file's path, size and
    modification time) and cached on disk (:meth:`~.layout.StageLayout.lengths_cache`): changed, added
    or removed audio reads them again.
 3. **Shape files** of ESPnet's ``collect_stats`` (``<stats_dir>/<test set>/<input_key>_shape``, else
-   ``speech_shape``, where the stage config has ``stats_dir``): lines ``<id> <length>[,<dim>...]``,
-   whose ids are ESPnet3 202611's item indices (``0`` .. ``n-1``, each once); the first number is in
-   samples for raw audio (frames for features), so batches are cut on it and RTFx is not reported.
-   Reading the file is as cheap as checking it, so it is not cached.
+   ``speech_shape``, where the stage config has ``stats_dir``): lines ``<id> <dim>[,<dim>...]``, whose
+   ids are ESPnet3 202611's item indices (``0`` .. ``n-1``, each once). Its ``collect_stats_batch``
+   writes there each input's shape trimmed to its ``<name>_lengths``, and each ``collect_feats`` output's
+   (``feats_shape``): the first dim is **samples** for a raw waveform (``speech_shape`` of raw audio,
+   ``16000``) and **frames** for features (``feats_shape``, or a ``speech`` that already holds features:
+   ``98,80``), so the unit is said as :data:`SAMPLES_OR_FRAMES`; batches are cut on it and RTFx is not
+   reported. Reading the file is as cheap as checking it, so it is not cached.
 
 Cost on the driver (``python -m benchmarks.lengths_cost``, 2-core dev machine, warm page cache, best of
 3): the 600 FSDD recordings (0.1-1.3 s) decode in 557 ms, their headers read in 296 ms (1.9x), a cache
@@ -62,11 +65,14 @@ from espnet3_prefect.errors import BadInputError, describe
 log = logging.getLogger("espnet3_prefect")
 
 SECONDS = "s"
-SAMPLES = "samples"
+#: the unit of a shape file's lengths: its first dim, samples or frames by the input (module docstring)
+SAMPLES_OR_FRAMES = "samples or frames"
 #: the attribute a dataset with ``lengths()`` in seconds says so with
 UNIT_ATTRIBUTE = "lengths_unit"
-#: record lists of ESPnet3 202611's recipe datasets, and the fields naming each record's audio file
-RECORD_LISTS = ("_entries", "_examples", "entries", "examples")
+#: lists of per-item records a dataset may keep: public names, then ESPnet3 202611's private ones
+#: (:func:`item_records`), and the fields naming each record's audio file
+RECORD_LISTS = ("entries", "examples")
+UPSTREAM_RECORD_LISTS = ("_entries", "_examples")
 RECORD_PATH_FIELDS = ("audio_path", "wav_path")
 PATH_LISTS = ("audio_paths", "wav_paths", "paths")
 #: what a plain ``paths`` list must hold to count as audio files (the other names say so themselves)
@@ -76,8 +82,8 @@ CACHE_VERSION = 1
 
 @dataclass(frozen=True)
 class FoundLengths:
-    """The lengths found (float64, one per item), where from, and their unit (``"s"``, ``"samples"``,
-    or None: the dataset's own)."""
+    """The lengths found (float64, one per item), where from, and their unit (``"s"``,
+    :data:`SAMPLES_OR_FRAMES` for a shape file's, or None: the dataset's own)."""
 
     values: Any
     source: str
@@ -137,14 +143,10 @@ def path_locator(dataset: Any, depth: int = 0) -> Callable[[int], str] | None:
     if callable(method):
         values = _checked_paths(method(), n, f"{where}.audio_paths()")
         return values.__getitem__
-    for name in RECORD_LISTS:
-        records = getattr(dataset, name, None)
-        if isinstance(records, (list, tuple)) and len(records) == n:
-            field = next((f for f in RECORD_PATH_FIELDS if _path_like(_field(records[0], f))), None)
-            if field is not None:
-                return lambda i, records=records, field=field, name=name: _as_path(
-                    _field(records[i], field), f"{where}.{name}[{i}].{field}"
-                )
+    found = item_records(dataset, n)
+    if found is not None:
+        name, records, field = found
+        return lambda i: _as_path(_field(records[i], field), f"{where}.{name}[{i}].{field}")
     for name in PATH_LISTS:
         values = getattr(dataset, name, None)
         if (
@@ -170,6 +172,28 @@ def path_locator(dataset: Any, depth: int = 0) -> Callable[[int], str] | None:
     inner = getattr(dataset, "dataset", None)
     if inner is not None and inner is not dataset and _length(inner) == n:
         return path_locator(inner, depth + 1)
+    return None
+
+
+def item_records(dataset: Any, n: int) -> tuple[str, Sequence[Any], str] | None:
+    """``(attribute, records, field)``: the list of ``n`` per-item records the dataset keeps and the field
+    of each naming its audio file, or None. A public ``entries`` / ``examples`` list first; else the
+    private lists of ESPnet3's recipe datasets, the one place a private attribute is read.
+
+    Why: checked against ESPnet 202611's wheel (``egs3``), ``MiniAn4Dataset`` keeps ``_entries``
+    (``wav_path``), ``LibriSpeech100Dataset`` and ``SPGISpeechDataset`` keep ``_examples``
+    (``audio_path``), and nothing public tells the files: ``BaseDataset`` promises ``__len__`` and
+    ``__getitem__`` (which decodes the audio); the manifests (mini_an4's TSV, SPGISpeech's CSV) are
+    found through module-private configuration, and LibriSpeech's scan of its folders is private too.
+    Fallback: a later ESPnet that renames or drops these lists gives None here, and the lengths come
+    from the next source (a list attribute of paths, ESPnet3's wrappers, else a shape file).
+    """
+    for name in RECORD_LISTS + UPSTREAM_RECORD_LISTS:
+        records = getattr(dataset, name, None)
+        if isinstance(records, (list, tuple)) and len(records) == n:
+            field = next((f for f in RECORD_PATH_FIELDS if _path_like(_field(records[0], f))), None)
+            if field is not None:
+                return name, records, field
     return None
 
 
@@ -315,9 +339,10 @@ def shape_file(stats_dir: Any, test_set: str, input_key: Any) -> Path | None:
 
 
 def shape_lengths(path: Path, n: int) -> Any:
-    """The first number of each line of an ESPnet shape file (``<id> <length>[,<dim>...]``) whose ids are
-    the item indices ``0`` .. ``n-1`` (ESPnet3 202611's collect_stats ids), in index order; a file that
-    does not describe these ``n`` items fails on one line naming it and the first line that does not fit.
+    """The first dim of each line of an ESPnet shape file (``<id> <dim>[,<dim>...]``) whose ids are the
+    item indices ``0`` .. ``n-1`` (ESPnet3 202611's collect_stats ids), in index order: samples or frames
+    (:data:`SAMPLES_OR_FRAMES`); a file that does not describe these ``n`` items fails on one line naming
+    it and the first line that does not fit.
     """
     values = np.full(n, np.nan)
     try:
@@ -329,17 +354,17 @@ def shape_lengths(path: Path, n: int) -> Any:
             continue
         parts = line.split()
         try:
-            index, length = int(parts[0]), float(parts[1].split(",")[0])
+            index, first_dim = int(parts[0]), float(parts[1].split(",")[0])
         except (ValueError, IndexError):
             raise BadInputError(
                 f"shape file {path}: line {number} {line[:60]!r}: expected '<item index> <length>[,<dim>]'"
             ) from None
-        if not 0 <= index < n or not np.isnan(values[index]) or not (length >= 0 and np.isfinite(length)):
+        if not 0 <= index < n or not np.isnan(values[index]) or not (first_dim >= 0 and np.isfinite(first_dim)):
             raise BadInputError(
                 f"shape file {path}: line {number} {line[:60]!r}: not one of {n} items' lengths (an index "
                 f"0..{n - 1} once, a length >= 0)"
             )
-        values[index] = length
+        values[index] = first_dim
     missing = np.flatnonzero(np.isnan(values))
     if len(missing):
         raise BadInputError(f"shape file {path}: no line for item {int(missing[0])} (of {n} items)")
@@ -366,5 +391,5 @@ def lengths_from_files(
         return FoundLengths(header_lengths(paths, cache_file), "audio headers", SECONDS)
     shapes = shape_file(stats_dir, test_set, input_key)
     if shapes is not None:
-        return FoundLengths(shape_lengths(shapes, n_items), f"shape file {shapes}", SAMPLES)
+        return FoundLengths(shape_lengths(shapes, n_items), f"shape file {shapes}", SAMPLES_OR_FRAMES)
     return None

@@ -194,14 +194,15 @@ def shard_cost(shard: Shard) -> float:
     >>> shard_cost(Shard("t", 0, 0, 4))
     4.0
     """
+    from espnet3_prefect.pipeline.duration import padded_length
+
     values = shard.item_lengths()
     if values is None:
         return float(shard.n_items)
     length_of = dict(zip(shard.items(), values))
     total = 0.0
     for unit in shard.forward_units():
-        items = unit if isinstance(unit, list) else [unit]
-        total += max(length_of[i] for i in items) * len(items)
+        total += padded_length([length_of[i] for i in (unit if isinstance(unit, list) else [unit])])
     return total
 
 
@@ -280,7 +281,7 @@ def plan_length_order(
     >>> [s.forward_units() for s in shards]
     [[[4]], [[1], [2, 3, 0], [5]]]
     """
-    from espnet3_prefect.pipeline.duration import duration_batches
+    from espnet3_prefect.pipeline.duration import duration_batches, padded_length
 
     values = _as_float64(lengths)
     n_items = len(values)
@@ -288,7 +289,7 @@ def plan_length_order(
         raise ValueError(f"test set {test_set!r}: cannot plan shards for {n_items} items")
     batches = duration_batches(range(n_items), values, max_duration, batch_size)
     num_shards = max(1, min(num_shards, len(batches)))
-    costs = [float(values[b].max()) * len(b) for b in batches]
+    costs = [padded_length(values[b]) for b in batches]
     cuts = balanced_cuts(costs, num_shards) or even_cuts(len(batches), num_shards)
     shards, position = [], 0
     for index in range(num_shards):

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from espnet3_prefect.pipeline.throughput import add_worker, of_summary, throughput_line
+from espnet3_prefect.pipeline.throughput import ShardStats, add_worker, of_summary, throughput_line
 
 #: the least time between two updates of the progress artifact (the UI's progress bar) before the end
 ARTIFACT_EVERY_S = 5.0
@@ -152,7 +152,7 @@ def add_timing(total: dict[str, Any], shard_summary: dict[str, Any]) -> dict[str
         value = timing.get(key)
         if value is not None:
             total[key] = round((total.get(key) or 0.0) + float(value), 4)
-    total["busy_s"] = round(total.get("busy_s", 0.0) + float(shard_summary.get("seconds") or 0.0), 4)
+    total["busy_s"] = round(total.get("busy_s", 0.0) + ShardStats.from_dict(shard_summary).seconds, 4)
     total["shards"] = total.get("shards", 0) + 1
     add_padding(total, shard_summary.get("padding"))
     add_worker(total, shard_summary)

@@ -28,7 +28,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from espnet3_prefect.pipeline.oom import Halving, halves, is_out_of_memory
 from espnet3_prefect.pipeline.plan import Shard, Unit
 from espnet3_prefect.pipeline.prefetch import Prefetcher, Timing, make_view
 from espnet3_prefect.pipeline.runner_hooks import RunnerHooks, close_quietly
+from espnet3_prefect.pipeline.throughput import ShardStats
 
 
 def process_shard(
@@ -74,9 +75,10 @@ def process_shard(
     """Run ``shard`` into ``layout.shard_dir(shard.index)`` and mark it done; return a small summary.
 
     ``marker`` is what the done marker records besides the range and checksums (fingerprint, ...).
-    ``prefetch``: units read ahead of ``forward`` (0: off). The summary and the marker carry
-    ``timing`` (see :class:`~.prefetch.Timing`); the summary also ``padding`` when the shard knows its
-    items' lengths (the plan's, else its audio files' headers: then ``lengths_unit: "s"``):
+    ``prefetch``: units read ahead of ``forward`` (0: off). The summary and the marker carry the
+    shard's counts (:class:`~.throughput.ShardStats`; the marker without ``pid``) and ``timing`` (see
+    :class:`~.prefetch.Timing`); the summary also ``padding`` when the shard knows its items' lengths
+    (the plan's, else its audio files' headers: then ``lengths_unit: "s"``):
     ``{"batches", "real", "padded"}`` summed over the batches planned (real / padded is the padding
     efficiency; a batch re-run item by item under ``on_error: skip`` counts as planned);
     ``gpu_busy`` where a GPU was sampled (:mod:`~.gpu_busy`); ``oom_halvings`` under ``max_duration``.
@@ -134,17 +136,14 @@ def _process_shard(
                 named(exc, shard_dir / FAILURES_NAME)
                 raise
         seconds = round(time.perf_counter() - started, 4)
+        stats = ShardStats(shard.n_items, len(failures), seconds, host=socket.gethostname(), job_id=current_job_id())
         record = {
             **(marker or {}),
             "test_set": shard.test_set,
             "index": shard.index,
             "start": shard.start,
             "stop": shard.stop,
-            "items": shard.n_items,
-            "failed": len(failures),
-            "seconds": seconds,
-            "host": socket.gethostname(),
-            "job_id": current_job_id(),  # the batch job it ran in (None outside one)
+            **stats.to_dict(),
             **({"keys": keys} if keys is not None else {}),
         }
         timing.write_s += time.perf_counter() - committing
@@ -162,7 +161,7 @@ def _process_shard(
     if lengths is not None:  # the batches planned; once a batch was halved, the batches that ran
         ran = halving.ran if halving is not None and halving.count else units
         extra["padding"] = padding(ran, dict(zip(items, lengths)))
-    seconds = round(time.perf_counter() - started, 4)
+    stats = replace(stats, seconds=round(time.perf_counter() - started, 4), pid=os.getpid())
     if halving is not None:
         extra["oom_halvings"] = halving.count
     if gpu.result() is not None:
@@ -170,12 +169,7 @@ def _process_shard(
     return {
         **{k: v for k, v in shard.to_dict().items() if k != "lengths"},
         **extra,
-        "items": shard.n_items,
-        "failed": len(failures),
-        "seconds": seconds,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "job_id": current_job_id(),
+        **stats.to_dict(),
         "timing": timing.to_dict(),
     }
 

@@ -4,8 +4,9 @@ length of the batches run) and, on GPU workers, the GPU's busy share; per test s
 
 Audio seconds are the summed lengths of the items of the shards that ran, when the lengths are in
 seconds (audio headers, or a dataset whose ``lengths()`` say ``lengths_unit = "s"``; see
-:mod:`espnet3_prefect.pipeline.lengths`). With lengths in samples or the dataset's own units, or none,
-RTFx is not reported (``null``): items/s always is, padding efficiency wherever lengths are known.
+:mod:`espnet3_prefect.pipeline.lengths`). With lengths in other units (a shape file's samples or frames,
+the dataset's own), or none, RTFx is not reported (``null``): items/s always is, padding efficiency
+wherever lengths are known.
 The wall time is the shards' (first shard submitted to last one finished), not the stage's set-up and
 merge; a worker-second is a second one worker spent inside a shard.
 
@@ -29,6 +30,8 @@ import json
 import logging
 import math
 import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +41,65 @@ THROUGHPUT_VERSION = 1
 log = logging.getLogger("espnet3_prefect")
 
 
-def worker_name(shard_summary: dict[str, Any]) -> str:
-    """``host:pid`` of the process that ran a shard."""
-    return f"{shard_summary.get('host') or '?'}:{shard_summary.get('pid') or '?'}"
+@dataclass(frozen=True)
+class ShardStats:
+    """What one shard run counts: its items, those that failed (skipped), its seconds, the ``host`` and
+    ``pid`` of the process that ran it and the batch job it ran in (None outside one). A done marker and
+    a shard's summary carry them flat, beside their other keys, as :meth:`to_dict` writes them (a marker
+    has no ``pid``); :meth:`from_dict` reads either back.
+
+    >>> stats = ShardStats(items=4, failed=0, seconds=1.5, host="n1", job_id=None)
+    >>> stats.to_dict()
+    {'items': 4, 'failed': 0, 'seconds': 1.5, 'host': 'n1', 'job_id': None}
+    >>> ShardStats.from_dict({**stats.to_dict(), "pid": 7, "timing": {}}).worker
+    'n1:7'
+    """
+
+    items: int
+    failed: int
+    seconds: float
+    host: str | None
+    job_id: str | None
+    pid: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys and order the marker (without ``pid`` when it is None) and the summary hold them in."""
+        out = {"items": self.items, "failed": self.failed, "seconds": self.seconds, "host": self.host}
+        if self.pid is not None:
+            out["pid"] = self.pid
+        out["job_id"] = self.job_id
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShardStats:
+        """From a summary or a marker (other keys ignored; a count or seconds missing reads as 0)."""
+        return cls(
+            items=int(data.get("items") or 0),
+            failed=int(data.get("failed") or 0),
+            seconds=float(data.get("seconds") or 0.0),
+            host=data.get("host"),
+            job_id=data.get("job_id"),
+            pid=data.get("pid"),
+        )
+
+    @property
+    def worker(self) -> str:
+        """``host:pid`` of the process that ran the shard."""
+        return f"{self.host or '?'}:{self.pid or '?'}"
+
+
+def gpu_mean(parts: Iterable[tuple[int, float]]) -> tuple[int, float | None]:
+    """``(samples, busy share)`` of GPU samples taken in parts of ``(samples, busy share)``: the mean
+    weighted by the samples, to 4 digits (None without samples).
+
+    >>> gpu_mean([(10, 0.5), (30, 0.9)]), gpu_mean([])
+    ((40, 0.8), (0, None))
+    """
+    samples, busy_sum = 0, 0.0
+    for count, busy in parts:
+        samples += count
+        busy_sum += busy * count
+    return samples, (round(busy_sum / samples, 4) if samples else None)
 
 
 def add_worker(total: dict[str, Any], shard_summary: dict[str, Any]) -> None:
@@ -53,23 +112,22 @@ def add_worker(total: dict[str, Any], shard_summary: dict[str, Any]) -> None:
     >>> t["by_worker"]["n1:7"]["audio"], t["by_worker"]["n1:7"]["gpu_busy"]
     (6.0, 0.5)
     """
+    stats = ShardStats.from_dict(shard_summary)
     workers = total.setdefault("by_worker", {})
-    name = worker_name(shard_summary)
     row = workers.setdefault(
-        name,
-        {"host": shard_summary.get("host"), "pid": shard_summary.get("pid"), "shards": 0, "items": 0, "busy_s": 0.0},
+        stats.worker, {"host": stats.host, "pid": stats.pid, "shards": 0, "items": 0, "busy_s": 0.0}
     )
     row["shards"] += 1
-    row["items"] += int(shard_summary.get("items") or 0)
-    row["busy_s"] = round(row["busy_s"] + float(shard_summary.get("seconds") or 0.0), 4)
+    row["items"] += stats.items
+    row["busy_s"] = round(row["busy_s"] + stats.seconds, 4)
     padding = shard_summary.get("padding")
     if padding:
         row["audio"] = round(row.get("audio", 0.0) + float(padding.get("real") or 0.0), 6)
     gpu = shard_summary.get("gpu_busy")
     if gpu and gpu.get("samples"):
-        samples = row.get("gpu_samples", 0) + int(gpu["samples"])
-        busy_sum = row.get("gpu_busy", 0.0) * row.get("gpu_samples", 0) + float(gpu["busy"]) * int(gpu["samples"])
-        row["gpu_samples"], row["gpu_busy"] = samples, round(busy_sum / samples, 4)
+        row["gpu_samples"], row["gpu_busy"] = gpu_mean(
+            [(row.get("gpu_samples", 0), row.get("gpu_busy", 0.0)), (int(gpu["samples"]), float(gpu["busy"]))]
+        )
 
 
 def _ratio(num: float | None, den: float | None, digits: int = 3) -> float | None:
@@ -84,8 +142,8 @@ def figures(timing: dict[str, Any] | None, *, items_run: int, unit: str | None) 
     seconds = unit == "s" and padding is not None
     audio_s = round(float(padding["real"]), 3) if seconds else None
     workers = []
-    gpu_samples = gpu_sum = 0.0
-    for name, row in sorted((timing.get("by_worker") or {}).items()):
+    rows = sorted((timing.get("by_worker") or {}).items())
+    for name, row in rows:
         w_audio = row.get("audio") if seconds else None
         workers.append(
             {
@@ -101,9 +159,6 @@ def figures(timing: dict[str, Any] | None, *, items_run: int, unit: str | None) 
                 "gpu_busy": row.get("gpu_busy"),
             }
         )
-        if row.get("gpu_samples"):
-            gpu_samples += row["gpu_samples"]
-            gpu_sum += row["gpu_busy"] * row["gpu_samples"]
     return {
         "items_run": items_run,
         "wall_s": wall,
@@ -114,7 +169,7 @@ def figures(timing: dict[str, Any] | None, *, items_run: int, unit: str | None) 
         "rtfx_per_worker_s": _ratio(audio_s, busy),
         "items_per_s": _ratio(items_run, wall),
         "padding_efficiency": _ratio(padding["real"], padding["padded"]) if padding else None,
-        "gpu_busy": round(gpu_sum / gpu_samples, 4) if gpu_samples else None,
+        "gpu_busy": gpu_mean((row["gpu_samples"], row["gpu_busy"]) for _, row in rows if row.get("gpu_samples"))[1],
         "workers": workers,
     }
 
@@ -135,8 +190,8 @@ def throughput_line(data: dict[str, Any] | None) -> str:
     """``throughput: RTFx 41.2 (21.0 per worker-second; 180.3 s of audio in 4.4 s), padding efficiency
     0.93, GPU 71% busy``; with lengths not in seconds, ``RTFx n/a (...)`` (items/s: the line above).
 
-    >>> throughput_line({"rtfx": None, "lengths_unit": "samples", "padding_efficiency": 0.5, "gpu_busy": None})
-    'throughput: padding efficiency 0.50; RTFx n/a (lengths in samples, not seconds)'
+    >>> throughput_line({"rtfx": None, "lengths_unit": "samples or frames", "padding_efficiency": 0.5})
+    'throughput: padding efficiency 0.50; RTFx n/a (lengths in samples or frames, not seconds)'
     >>> throughput_line({"rtfx": 20.0, "rtfx_per_worker_s": 13.333, "audio_s": 120.0, "wall_s": 6.0,
     ...                  "padding_efficiency": 0.8, "gpu_busy": 0.8})
     'throughput: RTFx 20.0 (13.3 per worker-second; 120.0 s of audio in 6.0 s), padding efficiency 0.80, GPU 80% busy'

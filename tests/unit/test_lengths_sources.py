@@ -5,8 +5,11 @@ the data changes; and what they change: the plan only under runner.max_duration.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +140,39 @@ def test_the_real_espnet3_wrappers_are_looked_through(wavs):
     assert audio_paths(combined) == [str(p) for p in paths] and MiniAn4Like.reads == 0
 
 
+def _require(module: str):
+    """``module`` imported; a skip without the real ESPnet, a failure with E3P_REQUIRE_REAL_ESPNET=1."""
+    if os.environ.get("E3P_REQUIRE_REAL_ESPNET") == "1":
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
+
+
+@pytest.mark.parametrize(
+    "recipe, dataset_class, attribute, record_class, field",
+    [
+        ("mini_an4", "MiniAn4Dataset", "_entries", "ManifestEntry", "wav_path"),
+        ("librispeech_100", "LibriSpeech100Dataset", "_examples", "LibriSpeechExample", "audio_path"),
+        ("spgispeech", "SPGISpeechDataset", "_examples", "SPGISpeechExample", "audio_path"),
+    ],
+)
+def test_espnet3_202611_recipe_datasets_keep_the_private_records_read(
+    tmp_path, recipe, dataset_class, attribute, record_class, field
+):
+    """The one private read (item_records): the installed recipes still keep their files there, and
+    offer no public way to them (BaseDataset's __len__ and __getitem__, which decodes)."""
+    module = _require(f"egs3.{recipe}.esp2_asr.dataset.dataset")
+    cls, record = getattr(module, dataset_class), getattr(module, record_class)
+    assert f"self.{attribute} = " in inspect.getsource(cls.__init__)
+    public = [n for n in vars(cls) if not n.startswith("_") and n != "fields"]
+    assert not public, f"{dataset_class} now has {public}: read the files through it, not {attribute}"
+    dataset = object.__new__(cls)  # its __init__ prepares the corpus; only the records matter here
+    dataset._hf_cache = None  # SPGISpeech: its HF cache unused
+    paths = [tmp_path / f"{i}.wav" for i in range(3)]
+    values = {"utt_id": "u", field: None, **{f.name: "x" for f in fields(record) if f.name not in ("utt_id", field)}}
+    setattr(dataset, attribute, [record(**{**values, field: p}) for p in paths])
+    assert audio_paths(dataset) == [str(p) for p in paths]
+
+
 # -- headers, the cache, and changed data -------------------------------------------------------------
 
 
@@ -188,7 +224,8 @@ def test_shape_files_give_the_first_number_by_item_index(tmp_path):
     stats.mkdir(parents=True)
     (stats / "speech_shape").write_text("2 16000\n0 8000\n1 24000\n")
     found = lengths_from_files([0, 1, 2], 3, "valid", cache_file=None, stats_dir=tmp_path / "stats")
-    assert found.values.tolist() == [8000.0, 24000.0, 16000.0] and found.unit == "samples" and not found.seconds
+    assert found.values.tolist() == [8000.0, 24000.0, 16000.0] and not found.seconds
+    assert found.unit == "samples or frames"  # raw audio's samples here; features' frames below
     (stats / "feats_shape").write_text("0 50,80\n1 150,80\n2 100,80\n")
     found = lengths_from_files([0, 1, 2], 3, "valid", cache_file=None, stats_dir=tmp_path / "stats", input_key="feats")
     assert found.values.tolist() == [50.0, 150.0, 100.0]
