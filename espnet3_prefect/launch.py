@@ -33,7 +33,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
+from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
 from espnet3_prefect.execution.process_parallel import DEFAULT_PARALLEL
 from espnet3_prefect.recipe.launcher import default_system, set_system_wrapper
 from espnet3_prefect.recipe.table import PREFECT_STAGES
@@ -48,7 +48,7 @@ def launch(
     stages (same arguments, plus ``--rerun STAGE``): a stage that is done is Cached, ``train`` resumes
     from its last checkpoint, ``--dry_run`` prints what would run and starts nothing. The stage table
     is printed at the end (:mod:`espnet3_prefect.recipe`)."""
-    from espnet3_prefect.recipe.driver import StageFailed, StageRow, format_rows, plan_table
+    from espnet3_prefect.recipe.driver import StageFailed, StageInterrupted, StageRow, format_rows, plan_table
     from espnet3_prefect.recipe.launcher import load_recipe
 
     _espnet3_launch()
@@ -64,12 +64,17 @@ def launch(
 
         check_first_stage(run)
 
+        from prefect.exceptions import CancelledRun
+
         try:
             with one_server():
                 rows = [StageRow(**row) for row in run_recipe(run)]
-        except StageFailed as exc:
+        except (StageFailed, StageInterrupted) as exc:
             print(format_rows(exc.rows), flush=True)
             raise
+        except CancelledRun as exc:
+            print(format_rows(run.rows), flush=True)
+            raise Espnet3PrefectError(f"recipe {run.name}: {one_line(exc)}") from None
     print(format_rows(rows), flush=True)
 
 

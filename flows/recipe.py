@@ -15,16 +15,22 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from prefect.states import Cancelled
 
 from espnet3_prefect._internal.util import put_on_pythonpath
 from espnet3_prefect.errors import ConfigError
+from espnet3_prefect.execution.cancel_watch import CancelWatch, mark_cancelled
 from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import enter_workdir
-from espnet3_prefect.recipe.driver import RecipeRun, StageFailed, StageRow, drive_recipe
+from espnet3_prefect.execution.stage_job import JobCancelled
+from espnet3_prefect.recipe.driver import RecipeRun, StageFailed, StageInterrupted, StageRow, drive_recipe
 from espnet3_prefect.recipe.launcher import recipe_from_parameters
 from espnet3_prefect.recipe.system import folder, log_dir_of
 from espnet3_prefect.recipe.table import PREFECT_STAGES
@@ -37,17 +43,31 @@ class PrefectStages:
 
     def __init__(self, run: RecipeRun):
         self.recipe_run = run
+        self.here: str | None = None  # the stage running in this process now (not as a job)
 
     def cached(self, stage: str, reason: str) -> None:
         cached_stage.with_options(task_run_name=stage)(stage, reason)
 
     def run(self, stage: str, call: Any, why: str) -> None:
         get_run_logger().info("%s: runs (%s); its log: %s", stage, why, stage_log(self.recipe_run, stage))
-        if stage in PREFECT_STAGES:
-            with stage_logs_to_prefect(stage):
-                call()
-        else:
-            run_stage.with_options(task_run_name=stage)(stage, call)
+        self.here = None if stage in self.recipe_run.placed else stage
+        try:
+            if stage in PREFECT_STAGES:
+                with stage_logs_to_prefect(stage):
+                    call()
+            else:
+                state = run_stage.with_options(task_run_name=stage)(stage, call, return_state=True)
+                if state.is_cancelled():
+                    raise JobCancelled(state.message or f"{stage} cancelled")
+                state.result()  # the stage's own error, when it failed
+        finally:
+            self.here = None
+
+    def interrupt(self) -> None:
+        """A cancel: stop the stage running in this process as Ctrl-C would (a placed stage's job is
+        cancelled by its own wait, which watches the same event)."""
+        if self.here is not None:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
 @flow(name="recipe", log_prints=True)
@@ -72,11 +92,25 @@ def recipe(
         # as `python run.py` has it there: the recipe's own `src` before the TEMPLATE's
         put_on_pythonpath(enter_workdir(workdir), first=True)
         prepared = recipe_from_parameters(stages, configs, rerun or [], system)
+    executor = PrefectStages(prepared)
+    watch = CancelWatch(flow_run.id, on_cancel=executor.interrupt)
+    prepared.stop = watch.event
     try:
-        rows = drive_recipe(prepared, PrefectStages(prepared))
+        with watch:
+            rows = drive_recipe(prepared, executor)
     except StageFailed as exc:
+        prepared.rows = exc.rows
         publish_stage_table(prepared, exc.rows)
         raise
+    except StageInterrupted as exc:
+        prepared.rows = exc.rows
+        publish_stage_table(prepared, exc.rows)
+        if not watch.event.is_set():
+            raise  # Ctrl-C
+        message = f"cancelled ({watch.by!r}) during {exc.stage}; finished stages stay done, a re-run resumes"
+        mark_cancelled(flow_run.id, message)
+        return Cancelled(message=message)
+    prepared.rows = rows
     publish_stage_table(prepared, rows)
     return [row.to_dict() for row in rows]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed
+from prefect.states import Cancelled, Completed
 
 #: the average rate, and the burst, of log lines a stage sends to the Prefect API
 LINES_PER_S = 20.0
@@ -86,10 +86,17 @@ def stage_logs_to_prefect(stage: str) -> Iterator[StageLogs]:
 
 
 @task(name="stage", cache_policy=NO_CACHE, retries=0)
-def run_stage(stage: str, call: Callable[[], None]) -> None:
-    """Run one of ESPnet3's stages (``call``: its own ``run_stages`` for that stage) with its logs in the UI."""
+def run_stage(stage: str, call: Callable[[], None]):
+    """Run one of ESPnet3's stages (``call``: its own ``run_stages`` for that stage) with its logs in the
+    UI; a placed stage whose job was cancelled ends Cancelled."""
+    from espnet3_prefect.execution.stage_job import JobCancelled
+
     with stage_logs_to_prefect(stage):
-        call()
+        try:
+            call()
+        except JobCancelled as exc:
+            return Cancelled(message=str(exc))
+    return None
 
 
 @task(name="cached-stage", cache_policy=NO_CACHE, retries=0)

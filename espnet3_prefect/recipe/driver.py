@@ -34,7 +34,7 @@ from espnet3_prefect.recipe.table import PREFECT_STAGES, io_of
 
 log = logging.getLogger("espnet3_prefect")
 
-CACHED, COMPLETED, FAILED, NOT_RUN = "Cached", "Completed", "Failed", "Not run"
+CACHED, COMPLETED, FAILED, NOT_RUN, CANCELLED = "Cached", "Completed", "Failed", "Not run", "Cancelled"
 
 
 class StageFailed(Espnet3PrefectError):
@@ -47,6 +47,16 @@ class StageFailed(Espnet3PrefectError):
 
     def __reduce__(self):
         return (StageFailed, (str(self), self.rows))
+
+
+class StageInterrupted(KeyboardInterrupt):
+    """The run was interrupted during a stage (Ctrl-C, or a cancel from the UI): ``rows`` is the stage
+    table up to it (that stage Cancelled, the later ones Not run). A KeyboardInterrupt still: the front
+    doors treat it as the Ctrl-C it is."""
+
+    def __init__(self, stage: str, rows: list[StageRow]):
+        super().__init__(f"interrupted during stage {stage!r}")
+        self.stage, self.rows = stage, rows
 
 
 @dataclass
@@ -103,6 +113,10 @@ class RecipeRun:
     placed: dict[str, Any] = field(default_factory=dict)
     #: the jobs placed stages ran as in this run: ``{stage: JobOutcome}``
     jobs: dict[str, Any] = field(default_factory=dict)
+    #: set when the run is to stop (a cancel): a placed stage's job is cancelled, no later stage starts
+    stop: Any = None
+    #: the stage table of the run's end (what the front door prints)
+    rows: list = field(default_factory=list)
 
     def __post_init__(self):
         self.placed = self.placed or placements(self.system)
@@ -126,7 +140,7 @@ class RecipeRun:
             return lambda: self.run_stage(stage)
 
         def placed() -> None:
-            self.jobs[stage] = run_placed(self, stage, self.placed[stage])
+            self.jobs[stage] = run_placed(self, stage, self.placed[stage], self.stop)
 
         return placed
 
@@ -194,6 +208,9 @@ def drive_recipe(run: RecipeRun, executor: StageExecutor) -> list[StageRow]:
     """Run the recipe's stages in order (see the module docstring); returns the stage table."""
     rows: list[StageRow] = []
     for stage in run.stages:
+        if run.stop is not None and run.stop.is_set():  # cancelled as the stage before it ended
+            rows += [StageRow(later, NOT_RUN, why="cancelled") for later in run.stages[len(rows) :]]
+            raise StageInterrupted(stage, rows)
         why, record, inputs = run.decide(stage)
         if why is None:
             reason = f"{record.done_line()}, inputs unchanged, {len(record.outputs)} outputs intact"
@@ -207,7 +224,15 @@ def drive_recipe(run: RecipeRun, executor: StageExecutor) -> list[StageRow]:
             forget_done_shards(run.system, stage)  # a finished stage that reruns starts over
         try:
             rows.append(_run_one(run, executor, stage, inputs, why))
+        except KeyboardInterrupt:
+            rows.append(StageRow(stage, CANCELLED, why="interrupted; a re-run resumes it"))
+            rows += [StageRow(later, NOT_RUN, why=f"{stage} interrupted") for later in run.stages[len(rows) :]]
+            raise StageInterrupted(stage, rows) from None
         except Exception as exc:
+            if run.stop is not None and run.stop.is_set():  # the stage ended because the run was cancelled
+                rows.append(StageRow(stage, CANCELLED, why="cancelled; a re-run resumes it"))
+                rows += [StageRow(later, NOT_RUN, why=f"{stage} cancelled") for later in run.stages[len(rows) :]]
+                raise StageInterrupted(stage, rows) from None
             line = first_line(exc)
             rows.append(StageRow(stage, FAILED, why=line))
             rows += [StageRow(later, NOT_RUN, why=f"{stage} failed") for later in run.stages[len(rows) :]]
@@ -318,12 +343,14 @@ def _resume_train(run: RecipeRun, record: StageRecord | None, inputs: dict, why:
 
 __all__ = [
     "CACHED",
+    "CANCELLED",
     "COMPLETED",
     "FAILED",
     "NOT_RUN",
     "RecipeRun",
     "StageExecutor",
     "StageFailed",
+    "StageInterrupted",
     "StageRow",
     "drive_recipe",
     "first_line",

@@ -145,16 +145,18 @@ def job_logging() -> None:
         configure_logging()
 
 
-def run_placed(run: Any, stage: str, spec: ParallelSpec) -> JobOutcome:
+def run_placed(run: Any, stage: str, spec: ParallelSpec, stop: Any = None) -> JobOutcome:
     """Run ``stage`` of the recipe run ``run`` as one job where ``spec`` places it, and wait: its output
     lines are logged here (the stage's task run in the UI), its failure or death raises
-    :class:`~espnet3_prefect.execution.stage_job.JobFailed` naming the job."""
+    :class:`~espnet3_prefect.execution.stage_job.JobFailed` naming the job; ``stop`` (an Event) set, or
+    Ctrl-C, cancels the job and waits until it is gone
+    (:class:`~espnet3_prefect.execution.stage_job.JobCancelled`)."""
     job = stage_job(run.system, stage, spec, run.root)
     write_payload(job.paths, functools.partial(run.run_stage, stage), job_logging)
     job_id = job.submit()
     log.info("%s: %s submitted; its output: %s", stage, job.describe(), job.paths.output)
     lines = logging.getLogger(f"espnet3_prefect.job.{stage}")
-    outcome = wait_for(job, job.paths, on_line=lambda line: lines.info("%s", line))
+    outcome = wait_for(job, job.paths, on_line=lambda line: lines.info("%s", line), stop=stop)
     log.info("%s: %s done after %.1f s", stage, job.describe(), outcome.running_s)
     assert outcome.job_id == job_id
     return outcome

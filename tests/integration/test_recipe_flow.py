@@ -5,14 +5,19 @@ ESPnet); ESPnet's own mini_an4 goes through it in tests/realespnet/test_recipe_f
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import os
+import threading
 import time
+from pathlib import Path
 
 import pytest
+from prefect import flow
 
 from espnet3_prefect.recipe.driver import StageFailed
 from tests.helpers.api_reads import artifacts_of
-from tests.unit.test_recipe_stages import recipe_run
+from tests.unit.test_recipe_stages import ToySystem, configs, recipe_run
 
 pytestmark = pytest.mark.slow
 
@@ -106,3 +111,101 @@ def test_a_failed_stage_fails_the_recipe_with_its_name_and_first_line(prefect_se
     tasks = children(state.state_details.flow_run_id, {"create_dataset", "train"})
     assert tasks["create_dataset"][0] == "Completed" and tasks["train"][0] == "Failed"
     assert "infer" not in tasks and "measure" not in tasks  # the later stages did not start
+
+
+class SlowSystem(ToySystem):
+    """Its train (placed or not) or its infer (a subflow run, as ours are) waits until cancelled."""
+
+    def train(self):
+        exp = Path(self.training_config.exp_dir)
+        exp.mkdir(parents=True, exist_ok=True)
+        (exp / "pid.txt").write_text(str(os.getpid()))
+        if self.training_config.get("slow"):
+            for _ in range(1200):
+                time.sleep(0.1)
+        super().train()
+
+    def infer(self):
+        if self.inference_config.get("slow"):
+            slow_subflow()
+        super().infer()
+
+
+@flow(name="infer")
+def slow_subflow():
+    Path("infer_started").write_text("")
+    for _ in range(1200):
+        time.sleep(0.1)
+
+
+def cancel_when(path: Path, which: str, flow_name: str = "recipe") -> threading.Thread:
+    """A thread that cancels (as the UI does: the state Cancelling) the newest flow run named
+    ``flow_name`` once ``path`` exists."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.states import Cancelling
+
+    def cancel():
+        deadline = time.monotonic() + 120
+        while not path.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])), sort=FlowRunSort.START_TIME_DESC, limit=1
+            )
+            client.set_flow_run_state(runs[0].id, Cancelling(message=f"test: {which}"), force=True)
+        cancelled_at.append(time.monotonic())
+
+    cancelled_at: list[float] = []
+    # with this thread's Prefect settings (the suite's server): a context, not the environment
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(cancel,), daemon=True)
+    thread.cancelled_at = cancelled_at
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("where", ["placed train", "train here", "infer subflow"])
+def test_cancelling_the_recipe_or_a_stage_subflow_stops_the_stage_and_starts_no_later_one(
+    prefect_server, tmp_path, monkeypatch, where
+):
+    """The UI's cancel of the recipe's flow run (or of the running stage's subflow run) while a stage runs:
+    a placed stage's job process is gone, a stage running in the flow's process is interrupted; the
+    parent and the stage end Cancelled within seconds, no later stage starts, and the stage's record
+    stays ``started`` so a re-run resumes it."""
+    monkeypatch.chdir(tmp_path)
+    training, inference, metrics = configs()
+    if where == "placed train":
+        training.update(slow=True, placement={"train": {"env": "local"}})
+    elif where == "train here":
+        training.update(slow=True)
+    else:
+        inference.update(slow=True)
+    run = recipe_run(system=SlowSystem(training, inference, metrics))
+    started = Path("infer_started") if where == "infer subflow" else Path("exp/train/pid.txt")
+    canceller = cancel_when(started, where, "infer" if where == "infer subflow" else "recipe")
+    state = run_flow(run)
+    assert state.is_cancelled(), state
+    assert time.monotonic() - canceller.cancelled_at[0] < 30
+    stage = "infer" if where == "infer subflow" else "train"
+    assert f"during {stage}; finished stages stay done, a re-run resumes" in state.message
+    states = {row.stage: row.state for row in run.rows}
+    assert states == {
+        "create_dataset": "Completed",
+        "train": "Completed",
+        "infer": "Cancelled",
+        "measure": "Not run",
+    } | ({"train": "Cancelled", "infer": "Not run"} if stage == "train" else {})
+    if where == "placed train":
+        pid = int(Path("exp/train/pid.txt").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # the job's process is gone
+    tasks = children(state.state_details.flow_run_id, {"create_dataset"})
+    assert tasks["create_dataset"][0] == "Completed"
+    assert "measure" not in tasks
+    if stage == "train":
+        assert tasks["train"][0] == "Cancelled" and "infer" not in tasks
+    assert (
+        '"status": "started"'
+        in Path(f"exp/train/{'' if stage == 'train' else 'inference/'}{stage}.stage.json").read_text()
+    )
