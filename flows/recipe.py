@@ -27,11 +27,13 @@ from prefect.states import Cancelled
 from espnet3_prefect._internal.util import put_on_pythonpath
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution.cancel_watch import CancelWatch, mark_cancelled
+from espnet3_prefect.execution.cluster import cancel_jobs_hook
 from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import enter_workdir
 from espnet3_prefect.execution.stage_job import JobCancelled
 from espnet3_prefect.recipe.driver import RecipeRun, StageFailed, StageInterrupted, StageRow, drive_recipe
 from espnet3_prefect.recipe.launcher import recipe_from_parameters
+from espnet3_prefect.recipe.placement import place as place_stages
 from espnet3_prefect.recipe.system import folder, log_dir_of
 from espnet3_prefect.recipe.table import PREFECT_STAGES
 from espnet3_prefect.tasks.stage import cached_stage, run_stage, stage_logs_to_prefect
@@ -70,7 +72,7 @@ class PrefectStages:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
-@flow(name="recipe", log_prints=True)
+@flow(name="recipe", log_prints=True, on_cancellation=[cancel_jobs_hook], on_crashed=[cancel_jobs_hook])
 @fails_with_its_message
 def recipe(
     stages: list[str],
@@ -78,11 +80,14 @@ def recipe(
     rerun: list[str] | None = None,
     system: str | None = None,
     workdir: str | None = None,
+    place: dict[str, dict] | None = None,
     prepared: Any = None,
 ) -> list[dict]:
     """Run ``stages`` of the recipe in the folder ``workdir``: ESPnet3's launcher arguments as
     parameters (``configs``: ``{role: file}``, e.g. ``{"training": "conf/training.yaml"}``; ``system``:
     ``module.Class``, default the system the folder is named after; ``rerun``: stages to rerun).
+    ``place``: where stages run, beside the configs, ``{stage: parallel-shaped block}`` (``train``: one
+    job; ``infer``, ``collect_stats``: their ``parallel`` block; see :func:`~espnet3_prefect.recipe.placement.place`).
     ``prepared``: the :class:`~espnet3_prefect.recipe.driver.RecipeRun` a front door in this process
     built from the same arguments (recorded as ``<RecipeRun ...>``); without it (a deployment's run)
     the flow builds it, in ``workdir``."""
@@ -92,6 +97,7 @@ def recipe(
         # as `python run.py` has it there: the recipe's own `src` before the TEMPLATE's
         put_on_pythonpath(enter_workdir(workdir), first=True)
         prepared = recipe_from_parameters(stages, configs, rerun or [], system)
+    place_stages(prepared, place)
     executor = PrefectStages(prepared)
     watch = CancelWatch(flow_run.id, on_cancel=executor.interrupt)
     prepared.stop = watch.event

@@ -49,6 +49,8 @@ POLL_S = 1.0
 RESULT_GRACE_S = 10.0
 CANCEL_WAIT_S = 30.0
 PLACEHOLDER_SCHEDULER = "tcp://unused:0"
+#: where a job finds its own id (SLURM, SGE, PBS, LSF, OAR)
+JOB_ID_VARIABLES = ("SLURM_JOB_ID", "JOB_ID", "PBS_JOBID", "LSB_JOBID", "OAR_JOB_ID")
 
 
 class JobFailed(Espnet3PrefectError):
@@ -380,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
 
     paths = JobPaths(Path((argv if argv is not None else sys.argv[1:])[0]))
     result: dict[str, Any] = {"host": os.uname().nodename, "pid": os.getpid(), "started_at": time.time()}
+    found = [os.environ[name] for name in JOB_ID_VARIABLES if os.environ.get(name)]
+    result["job_id"] = found[0] if found else None  # the scheduler's id of this job, read inside it
     try:
         setup, call = cloudpickle.loads(paths.payload.read_bytes())
         if setup is not None:

@@ -116,6 +116,37 @@ def placements(system: Any) -> dict[str, ParallelSpec]:
     return found
 
 
+#: the stages whose own config's ``parallel`` block says where they run (``collect_stats``: the training
+#: config's, ``infer``: the inference config's); ``measure`` runs in the flow's process
+PARALLEL_STAGES = ("infer", "collect_stats")
+
+
+def place(run: Any, where: Mapping[str, Any] | None, key: str = "place") -> None:
+    """Where stages run, given beside the configs (a deployment's ``place`` parameter):
+    ``{stage: parallel-shaped block}``. For ``infer`` and ``collect_stats`` the block replaces their
+    config's ``parallel`` block (N workers on the cluster it names); for ESPnet3's other stages it is their
+    placement (one job). Nothing of it is an input of a stage: a done stage stays Cached."""
+    names = sysview.stage_names(run.system)
+    for stage, block in (where or {}).items():
+        name = f"{key}.{stage}"
+        if stage not in names:
+            raise ConfigError(f"{name}: {type(run.system).__name__} has no stage {stage!r}; its stages: {names}")
+        if stage == "measure":
+            raise ConfigError(f"{name}: measure runs in the flow's process; remove it")
+        if stage not in PARALLEL_STAGES:
+            run.placed[stage] = placement_spec(block, name)
+            continue
+        block = OmegaConf.to_container(block, resolve=True) if isinstance(block, DictConfig) else dict(block or {})
+        try:
+            ParallelSpec.from_config(block)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("parallel.", f"{name}.", 1)) from None
+        role = sysview.role_of(run.system, stage)
+        for config in (sysview.config_of(run.system, role), run.pristine.get(f"{role}_config")):
+            if config is not None:
+                OmegaConf.update(config, "parallel", block, merge=False, force_add=True)
+
+
 def job_paths(system: Any, stage: str) -> JobPaths:
     return JobPaths(sysview.log_dir_of(system, stage) / JOBS_DIRNAME / stage)
 
@@ -162,4 +193,15 @@ def run_placed(run: Any, stage: str, spec: ParallelSpec, stop: Any = None) -> Jo
     return outcome
 
 
-__all__ = ["KEY", "job_logging", "job_name", "job_paths", "placement_spec", "placements", "run_placed", "stage_job"]
+__all__ = [
+    "KEY",
+    "PARALLEL_STAGES",
+    "job_logging",
+    "place",
+    "job_name",
+    "job_paths",
+    "placement_spec",
+    "placements",
+    "run_placed",
+    "stage_job",
+]

@@ -214,6 +214,7 @@ def test_nightly_carries_its_cron_schedule_and_every_deployment_exists(deployed)
         "evaluate/nightly",
         "evaluate/checkpoint",
         "recipe/local",
+        "recipe/slurm",
         "recipe/nightly",
     }
     assert nightly.work_pool_name == "espnet3-local"

@@ -180,6 +180,32 @@ def test_an_edited_optimizer_reruns_train_not_the_statistics(flow_recipe):
     assert "config changed: optimizer.lr (0.005 -> 0.004)" in rows["train"][1]
 
 
+def test_a_placed_train_runs_as_one_job_and_records_as_here(flow_recipe):
+    """``placement: {train: {env: local}}`` in the training config (ESPnet3 reads no such key): train runs
+    in a child process, ESPnet3's own ``run_stages`` there writes its ``train.log`` and the checkpoints
+    an in-process train writes (the statistics it reads are those of the first run: ``stats_dir`` is shared)."""
+    recipe = flow_recipe.recipe
+    text = (recipe / "conf" / "training.yaml").read_text()
+    (recipe / "conf" / "training_placed.yaml").write_text(text + "\nplacement:\n  train:\n    env: local\n")
+    cmd = [*cli(), "run", "--stages", "train", "--training_config", "conf/training_placed.yaml"]
+    proc = timed(flow_recipe, "recipe_placed", cmd, "train placed (env local: one child process)")
+    assert table(proc.stdout) == {"train": ("Completed", "no finished run recorded")}, proc.stdout
+    header = [line for line in proc.stdout.splitlines() if line.startswith("stage ")]
+    assert header and "node-h" in header[-1]  # a stage ran as a job: its cost has a column
+    exp = recipe / "exp" / "training_placed"
+    result = json.loads((exp / ".stage-jobs" / "train" / "result.json").read_text())
+    assert result["state"] == "done" and result["job_id"] is None  # a child process: no scheduler job
+    log = (exp / "train.log").read_text()
+    assert "=== [START] stage: train ===" in log and "=== [DONE] stage: train" in log
+    said = proc.stdout + proc.stderr
+    assert "train: process " in said and " submitted; its output: " in said, said[-3000:]
+
+    def names(folder: Path) -> set[str]:
+        return {p.name for p in folder.iterdir() if not p.is_dir() and not p.name.endswith((".log", ".stage.json"))}
+
+    assert names(exp) == names(recipe / "exp" / "training")
+
+
 def test_train_killed_mid_way_resumes_from_its_last_checkpoint(flow_recipe):
     """40 epochs of one step, a checkpoint each; SIGKILL once step 3's is written; the re-run resumes
     train (the stages before it Cached), then infer and measure run on its last checkpoint."""
