@@ -187,6 +187,7 @@ def run_placed(run: Any, stage: str, spec: ParallelSpec, stop: Any = None) -> Jo
     job_id = job.submit()
     log.info("%s: %s submitted; its output: %s", stage, job.describe(), job.paths.output)
     lines = logging.getLogger(f"espnet3_prefect.job.{stage}")
+    lines.setLevel(logging.INFO)  # the job's lines reach the stage's run whatever the root logger's level
     outcome = wait_for(job, job.paths, on_line=lambda line: lines.info("%s", line), stop=stop)
     log.info("%s: %s done after %.1f s", stage, job.describe(), outcome.running_s)
     assert outcome.job_id == job_id

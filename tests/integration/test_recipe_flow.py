@@ -119,6 +119,8 @@ class SlowSystem(ToySystem):
     def train(self):
         exp = Path(self.training_config.exp_dir)
         exp.mkdir(parents=True, exist_ok=True)
+        print(f"toy train runs in process {os.getpid()}", flush=True)  # in a placed job: its job.out
+        time.sleep(1.5)  # the driver's wait reads the job's output each second
         (exp / "pid.txt").write_text(str(os.getpid()))
         if self.training_config.get("slow"):
             for _ in range(1200):
@@ -196,11 +198,13 @@ def test_cancelling_the_recipe_or_a_stage_subflow_stops_the_stage_and_starts_no_
         "infer": "Cancelled",
         "measure": "Not run",
     } | ({"train": "Cancelled", "infer": "Not run"} if stage == "train" else {})
+    tasks = children(state.state_details.flow_run_id, {"create_dataset"})
     if where == "placed train":
         pid = int(Path("exp/train/pid.txt").read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # the job's process is gone
-    tasks = children(state.state_details.flow_run_id, {"create_dataset"})
+        said = logs_of(state.state_details.flow_run_id)  # the job's output, under the stage's task run
+        assert (f"toy train runs in process {pid}", tasks["train"][2]) in said, said
     assert tasks["create_dataset"][0] == "Completed"
     assert "measure" not in tasks
     if stage == "train":

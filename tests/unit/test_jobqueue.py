@@ -374,3 +374,31 @@ def test_watcher_warns_while_no_worker_connects_and_fails_on_rejected_submission
     assert [m for level, m in log.lines if level == "warning"] == [
         "the pbs scheduler rejected a worker job: qsub: Unknown queue"
     ]
+
+
+def test_cluster_script_of_a_placed_stage_prints_its_job_and_creates_nothing(tmp_path):
+    """``cluster-script --stage train``: the job a placed train is submitted as (the stage job's command
+    where a worker's would be), its folder under ``exp_dir`` named but not created; a missing or bad
+    placement is one line naming the key."""
+    exp = tmp_path / "exp" / "train"
+    options = {"queue": "gpu", "cores": 8, "memory": "60GB", "walltime": "1-00:00:00"}
+    options["job_extra_directives"] = ["--gres=gpu:2"]
+    cfg = write_yaml(
+        tmp_path / "training.yaml", {"exp_dir": str(exp), "placement": {"train": {"env": "slurm", "options": options}}}
+    )
+    proc = subprocess.run(
+        [*CLI, "cluster-script", "--config", str(cfg), "--stage", "train"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH -J e3p-train-preview" in proc.stdout and "#SBATCH --gres=gpu:2" in proc.stdout
+    assert f"-m espnet3_prefect.execution.stage_job {exp}/.stage-jobs/train >> " in proc.stdout
+    assert "dask_worker" not in proc.stdout and not (tmp_path / "exp").exists()
+    proc = subprocess.run(
+        [*CLI, "cluster-script", "--config", str(cfg), "--stage", "pack_model"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: placement.pack_model: not in the given config (the config pack_model reads places it)"
+    ]
