@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from espnet3_prefect.execution.backends.jobs import run_tag as jobs_tag
 from espnet3_prefect.execution.backends.slurm import SlurmQueue
-from tests.integration.test_real_backends import slurm  # noqa: F401  (the fixture: SLURM is up, or skip)
+from tests.conftest import toy_config
+from tests.integration.test_real_backends import batch_parallel, slurm, wait_no_jobs  # noqa: F401  (slurm: a fixture)
 from tests.integration.test_recipe_flow import SlowSystem, cancel_when, children, run_flow
-from tests.unit.test_recipe_stages import configs, recipe_run
+from tests.unit.test_recipe_stages import ToySystem, configs, recipe_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -88,8 +91,6 @@ def test_a_scancelled_train_job_fails_naming_it_and_the_rerun_resumes(slurm, pre
         subprocess.run(["scancel", job_id], check=True, timeout=30)
         scancelled.append((job_id, time.monotonic()))
 
-    import threading
-
     scancelled: list = []
     threading.Thread(target=scancel_when_half_way, daemon=True).start()
     state = run_flow(run)
@@ -120,3 +121,68 @@ def test_cancelling_the_recipe_during_a_slurm_train_leaves_no_job(slurm, prefect
     assert time.monotonic() - canceller.cancelled_at[0] < 30
     tasks = children(state.state_details.flow_run_id, {"create_dataset"})
     assert tasks["train"][0] == "Cancelled" and "infer" not in tasks
+
+
+class SlurmInferSystem(ToySystem):
+    """Its infer is the real ``infer`` flow (ESPnet3's entry point) on SLURM workers: 4 shards of slow items."""
+
+    def infer(self):
+        from espnet3_prefect.entry import infer
+
+        infer(self.inference_config)
+
+
+def infer_system(slurm, tmp_path):  # noqa: F811
+    training, _, metrics = configs()
+    inference = toy_config(tmp_path, n=12, num_shards=4)
+    inference["model"]["sleep_s"] = 1.0
+    inference["parallel"] = batch_parallel(slurm, n_workers=2, num_shards=4)
+    metrics["inference_dir"] = inference["inference_dir"]
+    return SlurmInferSystem(training, inference, metrics)
+
+
+def test_cancelling_the_recipe_during_infer_on_slurm_leaves_no_job_and_the_rerun_keeps_done_shards(
+    slurm,  # noqa: F811
+    prefect_server,
+    tmp_path,
+    monkeypatch,
+):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    monkeypatch.chdir(tmp_path)
+    run = recipe_run(system=infer_system(slurm, tmp_path))
+    markers = tmp_path / "inference" / "test_a"
+    first_done = threading.Event()
+
+    def when_a_shard_is_done():
+        deadline = time.monotonic() + 300
+        while not list(markers.glob("split.*/done")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first_done.set()
+
+    threading.Thread(target=when_a_shard_is_done, daemon=True).start()
+    canceller = cancel_when(tmp_path / "first-shard-done", "infer on slurm")
+    threading.Thread(
+        target=lambda: first_done.wait(300) and (tmp_path / "first-shard-done").write_text(""), daemon=True
+    ).start()
+    state = run_flow(run)
+    assert state.is_cancelled(), state
+    assert time.monotonic() - canceller.cancelled_at[0] < 30
+    with get_client(sync_client=True) as client:
+        [infer_run] = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])
+            )
+        )
+    assert infer_run.name and infer_run.state.type.value == "CANCELLED", infer_run.state
+    assert wait_no_jobs("slurm", jobs_tag(infer_run.id), timeout_s=30) == []  # none queued or running
+    done = {path: path.stat().st_mtime_ns for path in markers.glob("split.*/done")}
+    assert 1 <= len(done) < 4, done
+    assert {row.stage: row.state for row in run.rows}["infer"] == "Cancelled"
+
+    again = recipe_run(system=infer_system(slurm, tmp_path))
+    state = run_flow(again)
+    assert state.is_completed(), state
+    assert {path: path.stat().st_mtime_ns for path in done} == done  # the finished shards were not redone
+    assert len(list(markers.glob("split.*/done"))) == 4
