@@ -34,6 +34,7 @@ LONGEST_FIRST = (
     "tests/integration/test_task_runner_contract.py",  # 239 s
     "tests/integration/test_reliability.py",  # ~200 s: worker kills, a busy server, a disk filling
     "tests/integration/test_leftovers.py",  # ~130 s: drivers SIGKILLed, deploy-local --stop
+    "tests/integration/test_stage_jobs_slurm.py",  # ~150 s (estimated): a placed train and infer on SLURM
     "tests/integration/test_browser_ui.py",  # 110 s
     "tests/integration/test_real_oar.py",  # 86 s
     "tests/integration/test_server_faults.py",  # ~90 s: servers SIGKILLed mid-run
