@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive
 from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.server.guard import users_lock
 from espnet3_prefect.server.port import project_port, remember_port
 from espnet3_prefect.server.process import forget_server, running_server, start_server, stop_server
 from espnet3_prefect.server.state_home import CLIENT_HOME_DIR, state_dir
@@ -109,23 +110,12 @@ def prefect_api(
     home = state_dir(home)
     (home / "users").mkdir(exist_ok=True)
     me = home / "users" / str(os.getpid())
-    me.touch()
     watched: ServerWatch | None = None
     try:
         _beside_the_start(starting, {"PREFECT_HOME": str(home / CLIENT_HOME_DIR)})
-        info = running_server(home)
-        _report_left_over(home)
-        if info is None:
-            info = start_recorded(
-                home,
-                ui=ui,
-                host=address,
-                auth=with_auth,
-                tls=with_tls,
-                given_host=chosen_host,
-                services="all" if keep else "run",
-                guard_parent=None if keep else os.getpid(),
-            )
+        with users_lock(str(home)):  # registered, then found or started: none stops it in between
+            me.touch()
+            info = _found_or_started(home, ui, address, with_auth, with_tls, chosen_host, keep)
         creds = server_client(
             home, info, wanted_host=address if chosen_host else None, wanted_auth=with_auth, wanted_tls=with_tls
         )
@@ -138,14 +128,34 @@ def prefect_api(
             with _watched(watch, info["api_url"], what, rerun, info.get("ssl_cert_file")) as watched:
                 yield info["api_url"]
     finally:
-        me.unlink(missing_ok=True)
-        if not keep and not _other_users(home):
-            if watched is None or watched.reason is None:  # nothing can be sent to a server that is gone
-                _flush_prefect()
-            if _holds:
-                _left_running[home] = info
-            else:
-                _stop(home, info)
+        with users_lock(str(home)):  # unregistered, checked, stopped: none takes it in between
+            me.unlink(missing_ok=True)
+            if not keep and not _other_users(home):
+                if watched is None or watched.reason is None:  # nothing can be sent to a server that is gone
+                    _flush_prefect()
+                if _holds:
+                    _left_running[home] = info
+                else:
+                    _stop(home, info)
+
+
+def _found_or_started(
+    home: Path, ui: bool, address: str, with_auth: bool, with_tls: bool, chosen_host: str | None, keep: bool
+) -> dict:
+    info = running_server(home)
+    _report_left_over(home)
+    if info is None:
+        info = start_recorded(
+            home,
+            ui=ui,
+            host=address,
+            auth=with_auth,
+            tls=with_tls,
+            given_host=chosen_host,
+            services="all" if keep else "run",
+            guard_parent=None if keep else os.getpid(),
+        )
+    return info
 
 
 @contextlib.contextmanager
@@ -201,8 +211,9 @@ def one_server() -> Iterator[None]:
         if not _holds:
             for home, info in list(_left_running.items()):
                 del _left_running[home]
-                if not _other_users(home):
-                    _stop(home, info)
+                with users_lock(str(home)):
+                    if not _other_users(home):
+                        _stop(home, info)
 
 
 def _stop(home: Path, info: dict) -> None:

@@ -31,6 +31,8 @@ the package, only after a run died.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -62,6 +64,22 @@ def _alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return True
+
+
+#: the lock every run of one state folder holds while it registers and finds or starts the server, and
+#: while it unregisters, checks for other users and stops it: no run stops a server another just took
+USERS_LOCK = "users.lock"
+
+
+@contextlib.contextmanager
+def users_lock(home: str):
+    """Hold the state folder's :data:`USERS_LOCK` (``flock``: released by the kernel if the holder dies)."""
+    with open(os.path.join(home, USERS_LOCK), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def live_users(users_dir: str, exclude: set[int]) -> list[int]:
@@ -158,12 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         if code is not None:  # it ended by itself: whoever waits for it sees why
             return code
         if os.getppid() != args.parent:  # the run is gone
-            others = live_users(users_dir, exclude={args.parent, os.getpid(), server.pid})
-            if not others:
-                print(f"espnet3-prefect guard: the run (pid {args.parent}) is gone: stopping its server", flush=True)
-                code = stop(server)
-                forget(args)
-                return code
+            with users_lock(args.home):  # no run registers between the check and the stop
+                others = live_users(users_dir, exclude={args.parent, os.getpid(), server.pid})
+                if not others:
+                    print(
+                        f"espnet3-prefect guard: the run (pid {args.parent}) is gone: stopping its server", flush=True
+                    )
+                    code = stop(server)
+                    forget(args)
+                    return code
         time.sleep(WATCH_S)
 
 

@@ -166,3 +166,50 @@ def test_deploy_local_stop_with_a_flow_run_in_progress_is_quick_and_leaves_nothi
         # the worker has started the flow run (a child in a session of its own); the helper then stops
         # everything, checks each pid of the worker's and the server's trees is gone, and the time
         wait_for(lambda: descendants(state["worker_pid"]), 120, "the worker's flow-run process")
+
+
+RACER = """
+import sys, time, urllib.request
+from pathlib import Path
+from espnet3_prefect.server.embedded import prefect_api
+home, flag = sys.argv[1], Path(sys.argv[2])
+with prefect_api(home) as url:
+    flag.write_text(url)
+    time.sleep(3)
+    with urllib.request.urlopen(url + "/health", timeout=10) as answer:
+        print("health", answer.status, flush=True)
+"""
+
+
+def test_a_run_that_arrives_while_the_last_user_stops_the_server_never_gets_the_stopped_one(tmp_path, monkeypatch):
+    """Run A ends and is about to stop the project's server (no other user) as run B starts: B registers
+    only once A's stop is over (the state folder's users lock), and then starts a server of its own.
+    Without the lock B took A's server in that gap and A stopped it under B."""
+    from espnet3_prefect.server import embedded
+
+    home = tmp_path / "home"
+    flag = tmp_path / "b-has-a-server"
+    original, racer = embedded._stop, {}
+
+    def stop_as_b_arrives(home_, info):
+        racer["proc"] = subprocess.Popen(
+            [sys.executable, "-c", RACER, str(home), str(flag)],
+            env=cli_env(home),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 10  # B's start, its import included, is a few seconds
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        racer["b_had_a_server_before_the_stop"] = flag.exists()
+        original(home_, info)
+
+    monkeypatch.setattr(embedded, "_stop", stop_as_b_arrives)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with embedded.prefect_api(home, ui=False):
+        pass
+    out, err = racer["proc"].communicate(timeout=180)
+    assert not racer["b_had_a_server_before_the_stop"]  # B waited for the lock
+    assert racer["proc"].returncode == 0 and "health 200" in out, err[-3000:]
