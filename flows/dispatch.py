@@ -23,6 +23,7 @@ from espnet3_prefect.execution.run_states import (
     mark_task_run_crashed,
     wait_until_recorded,
 )
+from espnet3_prefect.execution.task_runner import heartbeats_unjoined
 from espnet3_prefect.pipeline.lock import RunLock, acquire
 from espnet3_prefect.pipeline.plan import Shard, longest_first
 from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
@@ -32,6 +33,9 @@ from espnet3_prefect.pipeline.summary import ShardOutcome
 from espnet3_prefect.tasks.build_env import build_env
 from espnet3_prefect.tasks.merge_shards import merge_shards
 
+# before any flow of ours runs: a flow run ends when its function returns, not up to a second later
+heartbeats_unjoined()
+
 
 class DaskExecutor:
     """The driver's steps on a ``DaskTaskRunner``: ``build-env`` and ``run-shard`` tasks submitted to it,
@@ -40,6 +44,13 @@ class DaskExecutor:
     cluster stays up, for the next stage too, until the ``with`` block ends. ``infer``: the infer stage
     (its env sized from the dataset, its merge recorded); else a runner job named ``what``.
     ``no_worker_timeout_s`` (``parallel.no_worker_timeout_s``): see :class:`NoWorkers`.
+
+    When the block ends without an error, the server must hold every task run the executor started
+    before the flow run may end (:func:`~espnet3_prefect.execution.run_states.wait_until_recorded`):
+    the exit waits for it, or with ``record_later`` leaves that wait to :meth:`wait_recorded`, which
+    the flow calls before it returns (the infer flow publishes its summary meanwhile).
+    ``beside_shards``: called once, in a daemon thread, when the first shards are submitted (work
+    the driver can do while the workers run, e.g. imports its summary needs).
     """
 
     def __init__(
@@ -52,8 +63,12 @@ class DaskExecutor:
         before_start: Callable[[], None] | None = None,
         make_builder: Callable[[], Any] | None = None,
         no_worker_timeout_s: float | None = None,
+        record_later: bool = False,
+        beside_shards: Callable[[], None] | None = None,
     ):
         self._open_runner, self._before_start, self._make_builder = open_runner, before_start, make_builder
+        self.record_later, self._beside_shards = record_later, beside_shards
+        self._to_record: tuple[Any, int] | None = None
         self.no_worker_timeout_s = no_worker_timeout_s
         self.no_workers: NoWorkers | None = None
         self._stack = contextlib.ExitStack()
@@ -85,8 +100,15 @@ class DaskExecutor:
             from prefect.runtime import flow_run
 
             # the flow run ends Completed only once the server shows every task run it started
-            wait_until_recorded(flow_run.get_id(), self.task_runs)
+            self._to_record = (flow_run.get_id(), self.task_runs)
+            if not self.record_later:
+                self.wait_recorded()
         return suppressed
+
+    def wait_recorded(self) -> bool:
+        """Wait until the server holds every task run this executor started (once; see the class)."""
+        pending, self._to_record = self._to_record, None
+        return True if pending is None else wait_until_recorded(*pending)
 
     def build_env(self, stage: Stage) -> dict:
         builder = stage.builder if stage.builder is not None else self._make_builder()
@@ -97,6 +119,9 @@ class DaskExecutor:
     def run_shards(self, stage: Stage, shards: list[Shard]) -> ShardOutcome:
         self.task_runs += len(shards)
         runner = self._task_runner()
+        if self._beside_shards is not None:
+            _in_background(self._beside_shards, "e3p-beside-shards")
+            self._beside_shards = None
         return run_shards(runner, stage, shards, what=self.what, kind=self.kind, no_workers=self.no_workers)
 
     def merge(self, stage: Stage, shards: list[Shard], n_items: int) -> tuple[Any, dict[str, str]]:
@@ -111,6 +136,22 @@ class DaskExecutor:
             self.runner.client.unregister_worker_plugin(f"espnet3-env-{stage.work.env_key}")
         except Exception:  # noqa: BLE001 - best effort: a worker that left has nothing to free
             pass
+
+
+def _in_background(work: Callable[[], None], name: str) -> None:
+    """``work()`` in a daemon thread, in this thread's context (the flow run's logger); what it raises
+    is logged at debug level: it only saves time."""
+    import contextvars
+    import logging
+    import threading
+
+    def run() -> None:
+        try:
+            work()
+        except Exception as exc:  # noqa: BLE001
+            logging.getLogger("espnet3_prefect").debug("%s: %s", name, exc)
+
+    threading.Thread(target=contextvars.copy_context().run, args=(run,), name=name, daemon=True).start()
 
 
 def run_shards(

@@ -7,6 +7,10 @@ flow serves every backend; the block is read at run time, which lets deployments
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +77,60 @@ def infer(
         keyed = next((s.work for s in stages if s.work.max_duration is not None), None)
         if keyed is not None:  # once per run: every test set shares the runner block
             logger.warning(caveat(keyed.max_duration, whole_test_set=keyed.length_order))
-        summaries = _run_stages(plan, logger)
+        summaries, recorded = _run_stages(plan, logger)
     finally:
         lock.release()
-    publish_summary(summaries)
+    _publish(summaries, recorded)
     logger.info("summary:\n%s", format_summary(summaries), extra=CONSOLE_OFF)  # the CLI prints it on stdout
     return summaries
 
 
-def _run_stages(plan: RunPlan, logger) -> list[dict]:
-    """Drive the test sets that need work (one cluster for all of them, started only when one does)."""
+def _publish(summaries: list[dict], recorded: Callable[[], Any] | None) -> None:
+    """Publish the summary while the server records the run's last task runs (``recorded``: its
+    recorder writes once a second); both are done when this returns. Not beside a warm-up still
+    drawing (matplotlib's caches). A function of its own: the flow function, pickled by value with
+    its tasks, must not reach the lock."""
+    with _meanwhile(recorded), _CHARTS:
+        publish_summary(summaries)
+
+
+@contextlib.contextmanager
+def _meanwhile(work: Callable[[], Any] | None) -> Iterator[None]:
+    """``work()`` in a thread (in this thread's context: the flow run's API and logger) while the block
+    runs; the block's end waits for it (it is bounded: ``wait_until_recorded`` gives up after 10 s)."""
+    if work is None:
+        yield
+        return
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(work,), name="e3p-recorded", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join(60)
+
+
+def _warm_summary() -> None:
+    """Draw one throwaway chart while the shards run: the summary's first chart in a process otherwise
+    pays matplotlib's import and first text layout (~0.5-1.5 s measured on 2 cores) after the last
+    shard, when nothing else is left to do. A process that has drawn one already skips it."""
+    import sys
+
+    with _CHARTS:
+        if "matplotlib.backends.backend_agg" in sys.modules:
+            return
+        from espnet3_prefect.pipeline.throughput import figure_png, workers_figure
+
+        figure_png(workers_figure("warm-up", [{"worker": "w", "items_per_worker_s": 1.0}]))
+
+
+#: held while a chart is drawn: the warm-up and the summary's charts one at a time
+_CHARTS = threading.Lock()
+
+
+def _run_stages(plan: RunPlan, logger) -> tuple[list[dict], Callable[[], Any] | None]:
+    """Drive the test sets that need work (one cluster for all of them, started only when one does).
+    Returns the summaries and, when task runs were started, the wait until the server holds them all
+    (:meth:`~espnet3_prefect.flows.dispatch.DaskExecutor.wait_recorded`), for the flow to call."""
     spec, stages = plan.spec, plan.stages
     finished, sizing = {}, {}
     for stage in stages:
@@ -98,6 +146,7 @@ def _run_stages(plan: RunPlan, logger) -> list[dict]:
         else:
             logger.info("%s: to run (%s)", stage.test_set, why)
     todo = [s for s in stages if finished[s.test_set] is None]
+    recorded = None
     if todo:
 
         def open_runner():
@@ -110,7 +159,15 @@ def _run_stages(plan: RunPlan, logger) -> list[dict]:
                 stage_modules=stage_modules(todo),
             )
 
-        with DaskExecutor(open_runner, logger, infer=True, no_worker_timeout_s=spec.no_worker_timeout_s) as executor:
+        with DaskExecutor(
+            open_runner,
+            logger,
+            infer=True,
+            no_worker_timeout_s=spec.no_worker_timeout_s,
+            record_later=True,
+            beside_shards=_warm_summary,
+        ) as executor:
             for stage in todo:
                 finished[stage.test_set], _ = drive_stage(stage, executor, sizing=sizing[stage.test_set])
-    return [finished[s.test_set].to_dict() for s in stages]
+        recorded = executor.wait_recorded
+    return [finished[s.test_set].to_dict() for s in stages], recorded
