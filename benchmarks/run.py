@@ -1,6 +1,6 @@
 """The benchmark suite: every number is a ratio against a baseline measured in the same run.
 
-    .venv/bin/python -m benchmarks.run [--quick] [--out docs/benchmarks.md]
+    .venv/bin/python -m benchmarks.run [--quick] [--out docs/benchmarks.md] [--json results.json]
 
 Absolute times on shared 2-core machines are noise; the ratios are what to read. Not part of the
 test pass/fail. See docs/benchmarks.md for the last results and what they mean.
@@ -388,6 +388,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 1/5 of the time)")
     parser.add_argument("--out", default=None, help="also write the results table here (markdown)")
     parser.add_argument(
+        "--json",
+        default=None,
+        help="also write the results here as JSON (machine, command, one object per row: group, name, value, goal, "
+        "note, load); benchmarks/figures.py draws from numbers taken from it",
+    )
+    parser.add_argument(
         "--only",
         nargs="*",
         default=None,
@@ -438,6 +444,12 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     if args.out:
         write_table(Path(args.out), suite.rows, args)
+    if args.json:
+        command = (
+            ["benchmarks.run"] + (["--quick"] if args.quick else []) + (["--only", *args.only] if args.only else [])
+        )
+        record = {"machine": machine(), "command": " ".join(command), "rows": suite.rows}
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
 
 
 def write_table(path: Path, rows: list[dict], args) -> None:

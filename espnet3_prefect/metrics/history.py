@@ -175,10 +175,8 @@ def trend_figure(
                 ringed = True
         if not mine:
             ax.text(0.5, 0.5, "no scores yet", ha="center", va="center", transform=ax.transAxes)
-        elif len(mine) == 1 and not ringed:
-            ax.set_title(f"{label} on {mine[0][1]}", fontsize=10)
-        else:
-            ax.set_title(label, fontsize=10)
+        else:  # a legend also for one test set: the line's name is in the image
+            ax.set_title(f"{label} on {mine[0][1]}" if len(mine) == 1 else label, fontsize=10)
             ax.legend(fontsize=8, loc="best")
         if mine:
             ax.set_ylabel(f"{label} (%, lower is better)" if lower_is_better(label) else f"{label} (higher is better)")

@@ -26,7 +26,7 @@ PAGES = {
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", flags=re.M | re.S)
 TEXT_LANGUAGES = {"text"}  # output and diagrams: nothing to run
 CONSOLE = "console"  # a session: the `$ ` lines are commands (checked as bash's), the rest is their output
-DIRECTIVES = {"{toctree}", "{image}", "{literalinclude}", "{code-block}", "{eval-rst}"}
+DIRECTIVES = {"{toctree}", "{image}", "{figure}", "{literalinclude}", "{code-block}", "{eval-rst}"}
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:

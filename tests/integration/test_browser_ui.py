@@ -3,8 +3,10 @@
 `espnet3-prefect infer --keep-server` on the toy recipe (embedded server: free port, UI on), then the
 "View at http://127.0.0.1:<port>/runs/flow-run/<id>" URL from its output is opened and the page must
 show the run: its logs, its task runs (run-shard-<test>-N) and the summary artifact, and never "Can't connect
-to Server API". On failure a screenshot, the page text and its HTML go to test-artifacts/browser/
-($E3P_TEST_ARTIFACTS). Skipped without Chromium unless E3P_REQUIRE_BROWSER=1 (CI sets it).
+to Server API"; the workers' chart renders in the Artifacts tab (its picture: test-artifacts/browser/
+throughput-chart.png; docs/_static/ui-throughput-chart.png was taken by this test). On failure a
+screenshot, the page text and its HTML go to test-artifacts/browser/ ($E3P_TEST_ARTIFACTS). Skipped
+without Chromium unless E3P_REQUIRE_BROWSER=1 (CI sets it).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ def test_flow_run_link_printed_by_the_cli_shows_the_run_in_chromium(tmp_path, ch
             assert page.click_text("throughput-test-a-plot")
             page.wait_for_text("test_a: items per worker-second, by worker", timeout_s=60)
             assert _rendered_png_sizes(page) == [[800, 400]]
+            chart_screenshot(page, ARTIFACTS / "throughput-chart.png")
         except BaseException:
             keep_evidence(page, request.node.name)
             raise
@@ -122,6 +125,34 @@ def _rendered_png_sizes(page: Browser, timeout_s: float = 30) -> list:
             break
         time.sleep(0.5)
     return [[width, height] for _, width, height in images]
+
+
+def chart_screenshot(page: Browser, path: Path, margin: int = 24) -> Path:
+    """The page as the UI renders it, from its top to just below its first inlined chart (its header
+    says which run and artifact it is), cropped to the chart's right edge, in 256 colours: a picture
+    for the docs. The UI scrolls inside its own pane, so the viewport is made tall enough first."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    locate = (
+        "(() => { const i = [...document.images].find(i => i.src.startsWith('data:image/png'));"
+        " if (!i) return null; const r = i.getBoundingClientRect(); return [r.right, r.bottom]; })()"
+    )
+    box = page.evaluate(locate)
+    assert box, "no inlined chart on the page"
+    width = page.evaluate("window.innerWidth")
+    metrics = {"width": width, "deviceScaleFactor": 1, "mobile": False}
+    page.call("Emulation.setDeviceMetricsOverride", {**metrics, "height": int(box[1]) + 2 * margin})
+    time.sleep(1)  # the layout settles at the new height
+    right, bottom = page.evaluate(locate)
+    clip = {"x": 0, "y": 0, "width": min(width, int(right) + margin), "height": int(bottom) + margin, "scale": 1}
+    data = page.call("Page.captureScreenshot", {"format": "png", "clip": clip})["data"]
+    image = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB").quantize(colors=256)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, format="PNG", optimize=True)
+    return path
 
 
 def keep_evidence(page: Browser, name: str) -> None:
@@ -300,6 +331,78 @@ def test_a_recipe_run_shows_its_stages_as_children_in_chromium(tmp_path, chromiu
                 raise
     finally:
         stop_server(server.pid)
+
+
+def test_the_evaluate_trend_chart_renders_in_chromium(tmp_path, chromium, request):
+    """The ``evaluate-trend`` artifact's chart (matplotlib, inlined as a data: PNG) in the UI: two
+    evaluate runs of tests/helpers/wordrecipe.py's word recognizer (a perfect checkpoint, then one
+    dropping every 3rd word), in a process of their own against a server of this test's; the
+    artifact's page shows the table and the 800 x 400 chart. Picture: test-artifacts/browser/
+    evaluate-trend.png (docs/_static/ui-evaluate-trend.png was taken by this test)."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    from espnet3_prefect.server.process import start_server, stop_server
+    from tests.helpers.api_reads import latest_artifact
+    from tests.helpers.prefect_db import seed
+    from tests.helpers.wordrecipe import word_config
+
+    ckpt = tmp_path / "model.ckpt"
+    icfg = write_yaml(tmp_path / "inference.yaml", word_config(tmp_path, n=10, checkpoint=ckpt))
+    mcfg = write_yaml(
+        tmp_path / "metrics.yaml",
+        {
+            "metrics": [
+                {
+                    "metric": {"_target_": "espnet3.systems.esp2_asr.metrics.wer.WER"},
+                    "inputs": {"ref": "dataset:text", "hyp": "hyp"},
+                }
+            ]
+        },
+    )
+    server, api_url = start_server(seed(tmp_path / "server"), ui=True)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update(PREFECT_API_URL=api_url, PYTHONPATH=str(ROOT))
+        proc = subprocess.run(
+            [sys.executable, "-c", EVALUATE_RUNS, str(icfg), str(mcfg), str(ckpt)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with SyncPrefectClient(api_url) as client:
+            trend = latest_artifact(client, "evaluate-trend")
+        assert trend is not None and trend.data.count("\n| 20") == 2  # one row per run
+        ui = api_url.removesuffix("/api")
+        with Browser(chromium) as page:
+            try:
+                page.goto(f"{ui}/artifacts/artifact/{trend.id}")
+                page.wait_for_text("evaluate-trend", "WER", "dev", timeout_s=90)
+                assert _rendered_png_sizes(page) == [[800, 400]]
+                chart_screenshot(page, ARTIFACTS / "evaluate-trend.png")
+            except BaseException:
+                keep_evidence(page, request.node.name)
+                raise
+    finally:
+        stop_server(server.pid)
+
+
+# Two evaluate runs, the second on a new checkpoint at the same path (argv: inference config, metrics
+# config, checkpoint file).
+EVALUATE_RUNS = """
+import sys
+from pathlib import Path
+
+from espnet3_prefect.flows.evaluate import evaluate
+
+if __name__ == "__main__":
+    icfg, mcfg, ckpt = sys.argv[1:4]
+    for k in ("0", "3"):
+        Path(ckpt).write_text(k + "\\n")
+        evaluate(infer_config=[icfg], metrics_config=[mcfg])
+"""
 
 
 # The recipe run and its re-run, in a process of its own (Prefect's event and log workers are this

@@ -182,7 +182,8 @@ def test_the_run_trend_numbers_the_runs_and_breaks_at_a_missing_score():
 
     fig = trend_figure("t", [6, 7, 8], "evaluate run (oldest left)", [("WER", "dev")], [[5.0, None, 4.0]])
     [ax] = fig.axes
-    assert ax.get_title() == "WER on dev" and ax.get_legend() is None  # one series: named in the title
+    assert ax.get_title() == "WER on dev"  # one series: named in the title, and in the legend (every chart has one)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["dev"]
     assert ax.get_xlabel() == "evaluate run (oldest left)" and list(ax.lines[0].get_xdata()) == [6, 7, 8]
     assert math.isnan(ax.lines[0].get_ydata()[1])
     [bleu] = trend_figure("t", [1], "x", [("BLEU", "dev")], [[30.0]]).axes
