@@ -278,12 +278,22 @@ def _register(
         "services": services,
         "run_pid": run_pid,  # the run it stops with (its guard's parent); None: a server left running on purpose
         "database": database,  # a PostgreSQL URL (never with a password); None: SQLite in state_dir
+        "create_time": _create_time(pid),  # the process's own start: a recycled pid has another one
     }
     try:
         registry_dir().mkdir(parents=True, exist_ok=True)
         atomic_write_text(registry_dir() / f"{pid}.json", json.dumps(record))
     except OSError as exc:  # a run does not fail for it; only `servers` will not list this one
         log.warning("could not record the Prefect server in %s: %s", registry_dir(), exc)
+
+
+def _create_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def running_server(home: Path) -> dict | None:

@@ -125,8 +125,12 @@ def test_list_servers_shows_running_ones_and_drops_records_of_dead_or_recycled_p
     dead.kill()
     dead.wait()
     process._register(dead.pid, "http://127.0.0.1:40003/api", tmp_path / "c", True)
-    recycled = spawn(["sleep", "120"])  # alive, but not a prefect process: a pid reused
+    recycled = spawn(["sleep", "120"])  # alive, but not the process recorded: a pid reused
     process._register(recycled.pid, "http://127.0.0.1:40004/api", tmp_path / "d", True)
+    path = registry / f"{recycled.pid}.json"
+    data = json.loads(path.read_text())
+    assert isinstance(data["create_time"], float)  # the recorded process's own start
+    path.write_text(json.dumps({**data, "create_time": data["create_time"] - 3600}))  # another's, an hour before
     (registry / "junk.json").write_text("{not json")
     found = list_servers()
     assert [s.pid for s in found] == sorted([a.pid, b.pid], key=lambda p: (found[0].started, p))
