@@ -180,10 +180,10 @@ def test_an_edited_optimizer_reruns_train_not_the_statistics(flow_recipe):
     assert "config changed: optimizer.lr (0.005 -> 0.004)" in rows["train"][1]
 
 
-def test_a_placed_train_runs_as_one_job_and_records_as_here(flow_recipe):
+def test_a_placed_train_runs_as_one_job_and_records_as_here(flow_recipe, mini_an4):
     """``placement: {train: {env: local}}`` in the training config (ESPnet3 reads no such key): train runs
     in a child process, ESPnet3's own ``run_stages`` there writes its ``train.log`` and the checkpoints
-    an in-process train writes (the statistics it reads are those of the first run: ``stats_dir`` is shared)."""
+    upstream's train writes (the statistics it reads are those of the first run: ``stats_dir`` is shared)."""
     recipe = flow_recipe.recipe
     text = (recipe / "conf" / "training.yaml").read_text()
     (recipe / "conf" / "training_placed.yaml").write_text(text + "\nplacement:\n  train:\n    env: local\n")
@@ -203,7 +203,7 @@ def test_a_placed_train_runs_as_one_job_and_records_as_here(flow_recipe):
     def names(folder: Path) -> set[str]:
         return {p.name for p in folder.iterdir() if not p.is_dir() and not p.name.endswith((".log", ".stage.json"))}
 
-    assert names(exp) == names(recipe / "exp" / "training")
+    assert names(exp) == names(mini_an4.recipe / "exp" / "training")  # upstream's one train (ours retrained)
 
 
 def test_train_killed_mid_way_resumes_from_its_last_checkpoint(flow_recipe):
