@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -66,10 +65,14 @@ class PrefectStages:
             self.here = None
 
     def interrupt(self) -> None:
-        """A cancel: stop the stage running in this process as Ctrl-C would (a placed stage's job is
-        cancelled by its own wait, which watches the same event)."""
+        """A cancel: stop the stage running in this process as Ctrl-C would, a KeyboardInterrupt raised in
+        the main thread (asynchronously: also where SIGINT is ignored, as in a test runner's worker);
+        a placed stage's job is cancelled by its own wait, which watches the same event."""
         if self.here is not None:
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            import ctypes
+
+            main = ctypes.c_ulong(threading.main_thread().ident)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(main, ctypes.py_object(KeyboardInterrupt))
 
 
 @flow(name="recipe", log_prints=True, on_cancellation=[cancel_jobs_hook], on_crashed=[cancel_jobs_hook])
