@@ -77,10 +77,7 @@ def placement_spec(block: Any, key: str) -> ParallelSpec:
     for name in NOT_FOR_ONE_JOB:
         if name in block and not (name == "n_workers" and block[name] == 1):
             raise ConfigError(f"{key}.{name}: a placed stage is one job; remove it")
-    try:
-        spec = ParallelSpec.from_config({**block, "tls": False})
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("parallel.", f"{key}.", 1)) from None
+    spec = _parallel_spec({**block, "tls": False}, key)
     backend = backends.get(spec.env)
     if spec.env != "local" and not (backend.batch and hasattr(backend.load_cluster_class(), "job_cls")):
         valid = ["local", *(b.name for b in backends.batch() if b.name != "htcondor")]
@@ -88,6 +85,14 @@ def placement_spec(block: Any, key: str) -> ParallelSpec:
     if spec.env == "local" and spec.options:
         raise ConfigError(f"{key}.options.{next(iter(spec.options))}: env local runs a child process; it takes none")
     return spec
+
+
+def _parallel_spec(block: Mapping[str, Any], key: str) -> ParallelSpec:
+    """``ParallelSpec.from_config(block)``, its errors naming ``key`` where they name ``parallel``."""
+    try:
+        return ParallelSpec.from_config(block)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("parallel.", f"{key}.", 1)) from None
 
 
 def placements(system: Any) -> dict[str, ParallelSpec]:
@@ -137,10 +142,7 @@ def place(run: Any, where: Mapping[str, Any] | None, key: str = "place") -> None
             run.placed[stage] = placement_spec(block, name)
             continue
         block = OmegaConf.to_container(block, resolve=True) if isinstance(block, DictConfig) else dict(block or {})
-        try:
-            ParallelSpec.from_config(block)
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("parallel.", f"{name}.", 1)) from None
+        _parallel_spec(block, name)
         role = sysview.role_of(run.system, stage)
         for config in (sysview.config_of(run.system, role), run.pristine.get(f"{role}_config")):
             if config is not None:
