@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .compare import stats_problems
 from .conftest import copy_recipe, recipe_env, record_time
-from .test_recipe_flow import same_bytes_up_to_the_folder
+from .test_recipe_flow import assert_data_and_stats_as_upstreams
 
 pytestmark = [pytest.mark.realespnet, pytest.mark.slow, pytest.mark.slurm]
 
@@ -86,12 +85,7 @@ def test_recipe_slurm_runs_mini_an4_train_as_one_job_infer_on_two(mini_an4, tmp_
     assert '"status": "done"' in (exp / "inference_serial" / "measure.stage.json").read_text()
 
     oracle = mini_an4.recipe
-    for path in sorted((oracle / "data").rglob("*")):
-        rel = path.relative_to(oracle)
-        if path.is_file() and not path.name.endswith(".log"):
-            assert same_bytes_up_to_the_folder(path, recipe / rel, oracle, recipe), f"{rel} differs from upstream's"
-    problems = stats_problems(oracle / "exp" / "stats", recipe / "exp" / "stats")
-    assert not problems, "\n".join(problems)
+    assert_data_and_stats_as_upstreams(recipe, oracle)
     # ESPnet3's train writes the whole training config, its parallel block too: here the one place gave
     ours, upstream = (
         yaml.safe_load(p.read_text().replace(str(recipe), str(oracle))) for p in (recipe / CONFIG, oracle / CONFIG)
