@@ -59,8 +59,8 @@ WRAPPED = [
     ("espnet3_prefect.flows.dispatch.DaskExecutor", "merge", "merge task", "call"),
     ("espnet3_prefect.flows.dispatch.DaskExecutor", "__exit__", "executor exit (cluster close + record)", "call"),
     ("espnet3_prefect.flows.dispatch", "wait_until_recorded", "wait for the recorder", "call"),
-    ("espnet3_prefect.flows.dispatch.NoWorkers", "__exit__", "no-worker watch stop", "call"),
-    ("espnet3_prefect.flows.dispatch.LostWorkers", "__exit__", "lost-worker watch stop", "call"),
+    ("espnet3_prefect.execution.worker_watch.NoWorkers", "__exit__", "no-worker watch stop", "call"),
+    ("espnet3_prefect.execution.worker_watch.LostWorkers", "__exit__", "lost-worker watch stop", "call"),
     ("espnet3_prefect.execution.task_runner.ShardTaskRunner", "__exit__", "task runner exit (workers drain)", "call"),
     ("espnet3_prefect.execution.task_runner.ShardTaskRunner", "__enter__", "task runner start", "call"),
 ]

@@ -1,5 +1,6 @@
 """Child processes: the one helper for subprocess calls (logs the command, raises with its output),
-and stopping processes, process groups and whole process trees by pid."""
+and stopping processes, process groups and whole process trees by pid (one process's stop, its first
+signal, wait and SIGKILL: :func:`~espnet3_prefect._internal.stopping.stop_process`, offered here too)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from collections.abc import Sequence
 
 import psutil
 
+from espnet3_prefect._internal.stopping import KILL_WAIT_S, stop_process, wait_gone
+from espnet3_prefect._internal.stopping import proc_running as _running
 from espnet3_prefect.errors import Espnet3PrefectError
 
 log = logging.getLogger("espnet3_prefect")
@@ -69,19 +71,15 @@ def started_by(pid: int, when: float) -> bool:
         return False
 
 
-def stop_group(pid: int, timeout_s: float = 20, first: int = signal.SIGTERM) -> None:
+def stop_group(pid: int, timeout_s: float = 20, first: int = signal.SIGTERM) -> bool:
     """Stop the process group led by ``pid`` (started with ``start_new_session``): ``first`` (the
     signal its processes stop on: SIGTERM for most, SIGINT for a Prefect worker), then SIGKILL after
-    ``timeout_s`` (the last resort). Returns when ``pid`` is gone (a child of ours reaped)."""
-    for sig in (first, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-            psutil.Process(pid).wait(timeout_s)
-            return
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            return
-        except psutil.TimeoutExpired:
-            continue
+    ``timeout_s`` (the last resort, :func:`stop_process`). True once ``pid`` is gone (a child of ours
+    reaped); False, with a warning, when it outlived SIGKILL or is not ours to signal."""
+    gone = stop_process(pid, timeout_s, first=first, group=True)
+    if not gone:
+        log.warning("process %d still runs: not ours to signal, or alive %g s after SIGKILL", pid, KILL_WAIT_S)
+    return gone
 
 
 def descendants(pid: int) -> list[int]:
@@ -120,17 +118,6 @@ def stop_tree(pid: int, timeout_s: float = 15, first: int = signal.SIGTERM) -> b
     return True
 
 
-def wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    """Wait up to ``timeout_s`` until none of ``procs`` runs (:func:`running`); those still running.
-    Not :func:`psutil.wait_procs`: it waits for a zombie that is not our child as if it ran."""
-    deadline = time.monotonic() + timeout_s
-    left = [p for p in procs if _running(p)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = [p for p in left if _running(p)]
-    return left
-
-
 def _in_group(pid: int, group: int) -> bool:
     """Whether ``pid`` belongs to the process group ``group`` (then :func:`os.killpg` told it already)."""
     try:
@@ -145,16 +132,3 @@ def running(pid: int) -> bool:
         return pid > 0 and _running(psutil.Process(pid))
     except psutil.NoSuchProcess:
         return False
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        if not proc.is_running():  # gone, or its pid taken by a process started since
-            return False
-        with contextlib.suppress(psutil.TimeoutExpired):
-            proc.wait(0)  # reaps a child of ours that exited
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True

@@ -2,7 +2,8 @@
 
 The holder writes its pid, host and flow run id, and touches the file every ``HEARTBEAT_S``. A second
 run is refused with the holder's details. A lock whose holder is gone (same host, pid dead or a zombie) or
-silent for ``STALE_AFTER_S`` is taken over, and the flow run it names is reported for crash marking.
+silent for ``STALE_AFTER_S`` is taken over, and the flow run it names is reported for crash marking
+(a flow takes its lock, and marks that run Crashed, with :func:`espnet3_prefect.pipeline.run_lock.take_run_lock`).
 """
 
 from __future__ import annotations

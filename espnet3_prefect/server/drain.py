@@ -3,7 +3,7 @@
 A ``prefect server start`` with Prefect's in-memory messaging holds the events clients sent but its
 task-run recorder has not written yet in its own memory; a stop (even a graceful one) drops them,
 and the UI then shows finished runs with shards missing, for good. :func:`drain` waits, bounded,
-until the server's task runs stop changing (their number, and how many are in a final state) for a
+until the server's task runs stop changing (their number, and how many are in a terminal state) for a
 few seconds: what a graceful stop of a kept or ``deploy-local`` server does first
 (:func:`espnet3_prefect.server.registry.stop_servers`). A split server (:mod:`.split`) needs none:
 its backlog waits in Redis.
@@ -18,19 +18,20 @@ import time
 import urllib.request
 
 log = logging.getLogger("espnet3_prefect")
-#: state types after which a task run sends nothing more
-FINAL = ["COMPLETED", "FAILED", "CANCELLED", "CRASHED"]
 
 
 def task_run_counts(
     api_url: str, *, cafile: str | None = None, auth_string: str | None = None, timeout_s: float = 10
 ) -> tuple[int, int]:
-    """``(all task runs, those in a final state)`` of the server at ``api_url``."""
+    """``(all task runs, those in a terminal state)`` of the server at ``api_url``
+    (:func:`espnet3_prefect.execution.run_states.count_task_runs`, over plain HTTP: the server being
+    stopped need not be the one this process's Prefect settings point to)."""
+    from espnet3_prefect.execution.run_states import count_task_runs
     from espnet3_prefect.server.https import client_context
 
     context = client_context(cafile) if api_url.startswith("https://") else None
-    out = []
-    for body in ({}, {"task_runs": {"state": {"type": {"any_": FINAL}}}}):
+
+    def post(body: dict) -> int:
         request = urllib.request.Request(
             f"{api_url}/task_runs/count",
             data=json.dumps(body).encode(),
@@ -40,8 +41,9 @@ def task_run_counts(
         if auth_string:
             request.add_header("Authorization", "Basic " + base64.b64encode(auth_string.encode()).decode())
         with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:
-            out.append(int(json.load(resp)))
-    return out[0], out[1]
+            return int(json.load(resp))
+
+    return count_task_runs(post)
 
 
 def drain(

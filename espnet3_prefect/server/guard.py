@@ -22,8 +22,9 @@ long as the guard does.
 
 It is run as a script (``python -I guard.py``), not as ``-m espnet3_prefect.server.guard``: importing
 the package would import Prefect (seconds of CPU, and the memory held for the server's life). It
-imports only the standard library; the records are removed by a short-lived ``python -c`` that imports
-the package, only after a run died.
+imports only the standard library, and loads one file of the package by its path:
+:mod:`espnet3_prefect._internal.stopping` (psutil; the stop and its timeouts); the records are removed
+by a short-lived ``python -c`` that imports the package, only after a run died.
 
     python -I guard.py --parent PID --home STATE_DIR --api-url URL --registry DIR -- prefect server start ...
 """
@@ -39,10 +40,21 @@ import subprocess
 import sys
 import time
 
+if __package__:  # imported as espnet3_prefect.server.guard: the package is loaded already
+    from espnet3_prefect._internal import stopping
+else:  # run as a script: this one file, not the package
+    import importlib.util
+
+    _STOPPING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_internal", "stopping.py")
+    _spec = importlib.util.spec_from_file_location("espnet3_prefect_guard_stopping", _STOPPING)
+    stopping = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = stopping  # a dataclass looks its module up there
+    _spec.loader.exec_module(stopping)
+
 WATCH_S = 0.5  # how often the run's pid and the server are looked at
-# how long the server may take to stop on SIGTERM (it drains its services' queues first, up to 20 s:
-# espnet3_prefect/server/serve.py) before its group is killed
-GRACE_S = 25.0
+#: how long the server may take to stop on SIGTERM (it drains its services' queues first) before its
+#: group is killed: within a run's own stop timeout (``stopping.SERVER_STOP`` keeps them in order)
+GRACE_S = stopping.SERVER_STOP.guard_grace_s
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
 
@@ -104,20 +116,13 @@ def _die_with_me():
 
 
 def stop(server: subprocess.Popen, grace_s: float = GRACE_S) -> int:
-    """SIGTERM to the server's group (uvicorn shuts down on it), SIGKILL after ``grace_s``; its exit code."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(server.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            break
-        try:
-            return server.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        return server.wait(1)
-    except subprocess.TimeoutExpired:
-        return -signal.SIGKILL
+    """SIGTERM to the server's group (uvicorn shuts down on it), SIGKILL after ``grace_s``
+    (:func:`~espnet3_prefect._internal.stopping.stop_process`); the guard's exit code: 0 once the
+    server is gone, 1 when it outlived SIGKILL."""
+    if stopping.stop_process(server.pid, grace_s, group=True):
+        return 0
+    print(f"espnet3-prefect guard: the server (pid {server.pid}) still runs after SIGKILL", flush=True)
+    return 1
 
 
 def forget(args: argparse.Namespace) -> None:

@@ -31,14 +31,12 @@ killed if it is still there after ``timeout_s``); its data stays for the next st
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import math
 import os
 import pwd
 import secrets
-import signal
 import subprocess
 import urllib.parse
 from dataclasses import dataclass
@@ -47,7 +45,7 @@ from pathlib import Path
 import psutil
 
 from espnet3_prefect._internal.atomic import atomic_write_text
-from espnet3_prefect._internal.proc import running, started_by, wait_gone
+from espnet3_prefect._internal.proc import running, started_by, stop_process
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
 
 #: the Debian package holding the server binaries (initdb, postgres)
@@ -62,6 +60,8 @@ STATE_SUBDIR = "postgres"
 SYSTEM_USER = "postgres"
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
+#: how long a postmaster that pg_ctl stopped may take to go, and again once SIGKILLed
+GONE_WAIT_S = 10.0
 SCRAM_ITERATIONS = 4096
 
 
@@ -354,8 +354,9 @@ def start_postgres(
 def stop_postgres(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> bool:
     """Stop the postmaster ``pid`` (started by :func:`start_postgres`): ``pg_ctl stop -m fast``,
     PostgreSQL's fast shutdown (open transactions rolled back, a checkpoint, every backend gone), then
-    SIGKILL to its process group after ``timeout_s``. Returns when it is gone; False when it was not
-    running (or is no cluster's postmaster: its working directory, the data dir, names another pid)."""
+    SIGKILL to its process group after ``timeout_s`` (and :data:`GONE_WAIT_S`). True once it is gone;
+    False when it was not running (or is no cluster's postmaster: its working directory, the data dir,
+    names another pid). Raises :class:`PostgresError` when it still runs after SIGKILL."""
     if not (pid > 0 and running(pid)):
         return False
     try:
@@ -367,10 +368,11 @@ def stop_postgres(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> bool:
         return False
     stop = [str(bin_dir() / "pg_ctl"), "stop", "-w", "-s", "-m", "fast", "-t", _seconds(timeout_s), "-D", str(data)]
     stopped = subprocess.run(stop, capture_output=True, stdin=subprocess.DEVNULL, **_as_user(_run_as()))
-    if wait_gone([proc], 10.0 if stopped.returncode == 0 else 0):  # the last resort
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        wait_gone([proc], 10.0)
+    # pg_ctl told it (SIGINT); SIGKILL to its group is the last resort, at once when pg_ctl failed
+    if not stop_process(
+        proc, GONE_WAIT_S if stopped.returncode == 0 else 0, first=None, group=True, kill_wait_s=GONE_WAIT_S
+    ):
+        raise PostgresError(f"PostgreSQL (pid {pid}, {data}) still runs after SIGKILL")
     return True
 
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive, stop_group
+from espnet3_prefect._internal.stopping import SERVER_STOP
 from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.errors import Espnet3PrefectError
-from espnet3_prefect.server.serve import DRAIN_TIMEOUT_S
 from espnet3_prefect.server.services import service_environ
 from espnet3_prefect.server.state_home import PREFECT_HOME_DIR, registry_dir
 
@@ -242,8 +242,9 @@ def guard_command(parent: int, home: Path, api_url: str) -> list[str]:
     ]
 
 
-#: how long a server may take to stop on SIGTERM (its drain included, :mod:`.serve`) before SIGKILL
-STOP_TIMEOUT_S = DRAIN_TIMEOUT_S + 10
+#: how long a server may take to stop on SIGTERM (its drain and its guard's grace included: :mod:`.serve`,
+#: :mod:`.guard`; :data:`~espnet3_prefect._internal.stopping.SERVER_STOP` keeps them in order) before SIGKILL
+STOP_TIMEOUT_S = SERVER_STOP.stop_s
 
 
 def stop_server(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:

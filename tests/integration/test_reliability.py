@@ -435,12 +435,12 @@ def test_a_run_whose_workers_are_all_gone_for_good_stops_on_one_line_and_keeps_i
 
 
 def test_the_no_worker_watch_waits_for_a_first_worker_and_then_for_none_to_come_back():
-    """The rule of ``flows.dispatch.NoWorkers`` on a real in-process cluster: a cluster that has not had
+    """The rule of ``execution.worker_watch.NoWorkers`` on a real in-process cluster: a cluster that has not had
     a worker yet (a batch queue) is not judged; once it had one, none for the timeout cancels what the
     flow waits on and says why; a worker coming back within the timeout resets the clock."""
     from distributed import Client, LocalCluster
 
-    from espnet3_prefect.flows.dispatch import NoWorkers
+    from espnet3_prefect.execution.worker_watch import NoWorkers
 
     with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
         waiting = client.submit(sum, [1], resources={"nowhere": 1})  # no worker has it: stays pending
