@@ -4,27 +4,24 @@
 What the workers import before their first task is :mod:`espnet3_prefect.flows.workers`'s;
 :func:`run_shards` submits one ``run-shard`` task per shard the done markers say must run (the driver
 counts the finished ones without a task) and books them as they finish (progress bar + artifact,
-counts, one line per failed shard); :class:`NoWorkers` stops a run whose workers are all gone and
-stay gone; :func:`take_run_lock` takes a folder's run lock and marks the flow run of a killed earlier
-holder Crashed.
+counts, one line per failed shard: :func:`shard_failure`). The cluster's watches are
+:mod:`espnet3_prefect.execution.worker_watch`'s: ``NoWorkers`` stops a run whose workers are all gone
+and stay gone; ``LostWorkers`` marks the task runs of shards whose workers died Crashed, beside the
+booking. The flows' run lock is :func:`espnet3_prefect.pipeline.run_lock.take_run_lock`.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from espnet3_prefect.errors import DiskFullError, Espnet3PrefectError, describe, disk_full, is_retryable, no_space
-from espnet3_prefect.execution.run_states import (
-    mark_flow_run_crashed,
-    mark_running_task_run_crashed,
-    mark_task_run_crashed,
-    wait_until_recorded,
-)
+from espnet3_prefect.execution.api_reach import outages_begun, wait_until_up
+from espnet3_prefect.execution.catch_up import record_from_markers
+from espnet3_prefect.execution.run_states import wait_until_recorded
 from espnet3_prefect.execution.task_runner import heartbeats_unjoined
-from espnet3_prefect.pipeline.lock import RunLock, acquire
+from espnet3_prefect.execution.worker_watch import LostWorkers, NoWorkers, get_logger
 from espnet3_prefect.pipeline.plan import Shard, longest_first
 from espnet3_prefect.pipeline.report import Progress, add_timing, empty_timing
 from espnet3_prefect.pipeline.resume import redo_reason
@@ -35,6 +32,10 @@ from espnet3_prefect.tasks.merge_shards import merge_shards
 
 # before any flow of ours runs: a flow run ends when its function returns, not up to a second later
 heartbeats_unjoined()
+
+#: after an outage, how long the cluster stays up for its workers to send what the server missed (their
+#: Prefect clients send again every 30 s once it answers); what is still missing then comes from the markers
+RESEND_S = 40.0
 
 
 class DaskExecutor:
@@ -78,6 +79,8 @@ class DaskExecutor:
         self.kind = "infer" if infer else "run-runner"
         #: task runs this flow run started (build-env, run-shard, merge): what the server must hold when it ends
         self.task_runs = 0
+        self._shard_dirs: list = []  # of the shards it ran: their markers make the record whole after an outage
+        self._outages_at_start = outages_begun()
 
     def _task_runner(self):
         if self.runner is None:
@@ -95,20 +98,38 @@ class DaskExecutor:
         return self
 
     def __exit__(self, *exc) -> bool:
-        suppressed = self._stack.__exit__(*exc)
+        after_outage = False
         if exc[0] is None and self.task_runs:
             from prefect.runtime import flow_run
 
+            # The workers keep in memory what an unreachable server could not take, and send it once it
+            # answers: the cluster closes only then, and after an outage once the server holds the record
+            # or RESEND_S have passed (their clients send again every 30 s)
+            wait_until_up()
+            after_outage = outages_begun() > self._outages_at_start
+            if after_outage:
+                wait_until_recorded(flow_run.get_id(), self.task_runs, timeout_s=RESEND_S, quiet=True)
+        suppressed = self._stack.__exit__(*exc)
+        if exc[0] is None and self.task_runs:
             # the flow run ends Completed only once the server shows every task run it started
-            self._to_record = (flow_run.get_id(), self.task_runs)
+            self._to_record = (flow_run.get_id(), self.task_runs, after_outage)
             if not self.record_later:
                 self.wait_recorded()
         return suppressed
 
     def wait_recorded(self) -> bool:
-        """Wait until the server holds every task run this executor started (once; see the class)."""
+        """Wait until the server holds every task run this executor started (once; see the class).
+        After an outage, the shards it still lacks are sent from their done markers first
+        (:mod:`espnet3_prefect.execution.catch_up`)."""
         pending, self._to_record = self._to_record, None
-        return True if pending is None else wait_until_recorded(*pending)
+        if pending is None:
+            return True
+        flow_run_id, expected, after_outage = pending
+        if after_outage:
+            sent = record_from_markers(self._shard_dirs, flow_run_id)
+            if sent:
+                self.log.warning("recorded %d shard(s) from their done markers: the outage hid them", sent)
+        return wait_until_recorded(flow_run_id, expected)
 
     def build_env(self, stage: Stage) -> dict:
         builder = stage.builder if stage.builder is not None else self._make_builder()
@@ -118,6 +139,7 @@ class DaskExecutor:
 
     def run_shards(self, stage: Stage, shards: list[Shard]) -> ShardOutcome:
         self.task_runs += len(shards)
+        self._shard_dirs += [stage.layout.shard_dir(shard.index) for shard in shards]
         runner = self._task_runner()
         if self._beside_shards is not None:
             _in_background(self._beside_shards, "e3p-beside-shards")
@@ -191,7 +213,7 @@ def run_shards(
     failures = []
     futures = [f.wrapped_future for f, _ in pending.values()]
     no_workers.cancels(futures)
-    with LostWorkers(runner.client, pending, log=get_logger()):
+    with LostWorkers(runner.client, pending, log=get_logger(), where=shard_where) as lost:
         for done in as_completed(futures, loop=runner.client.loop):
             if no_workers.gone:
                 # done by their markers, not by the results gathered (a dead worker can take a
@@ -200,20 +222,30 @@ def run_shards(
                 raise Espnet3PrefectError(
                     f"{what}: {no_workers.gone}; {done} of the {len(shards)} shards it ran are done"
                 )
-            failures += _book(runner, done, pending, outcome, progress, what)
+            failures += _book(runner, done, pending, outcome, progress, what, lost)
     outcome.timing["wall_s"] = round(time.perf_counter() - submitted, 4)
     if failures:
         raise Espnet3PrefectError(f"{what}: {len(failures)} shard(s) failed: " + "; ".join(failures[:5]))
     return outcome
 
 
-def _book(runner, done, pending: dict, outcome: ShardOutcome, progress: Progress, what: str) -> list[str]:
-    """Book one finished shard; returns its failure line (empty when it succeeded)."""
+def _book(
+    runner, done, pending: dict, outcome: ShardOutcome, progress: Progress, what: str, lost: LostWorkers
+) -> list[str]:
+    """Book one finished shard; returns its failure line (empty when it succeeded). A shard whose worker
+    died is marked Crashed in the API by ``lost``'s thread: the booking does not wait for it."""
     future, shard = pending.pop(done.key)
     try:
         result = future.result()
     except Exception as exc:  # failed after retries, or the worker died (KilledWorker)
-        line = shard_failure(future, shard, exc)
+        line = shard_failure(shard, exc)
+        if _killed(exc):  # Dask lost it: Prefect never saw the end of the task run
+            from prefect.runtime import flow_run
+
+            from espnet3_prefect.tasks.run_shard import run_shard
+
+            name = f"run-shard-{shard.test_set}-{shard.index}"
+            lost.crashed(future.task_run_id, line, task=run_shard, name=name, flow_run_id=flow_run.id)
         if not is_retryable(exc):
             # A full disk or a lock too: the shards still queued would meet the same, so none is started.
             runner.client.cancel([f.wrapped_future for f, _ in pending.values()])
@@ -232,169 +264,6 @@ def _book(runner, done, pending: dict, outcome: ShardOutcome, progress: Progress
     return []
 
 
-def get_logger():
-    """The flow run's logger, or this package's outside a flow run."""
-    import logging
-
-    try:
-        from prefect import get_run_logger
-
-        return get_run_logger()
-    except Exception:  # noqa: BLE001 - no run context
-        return logging.getLogger("espnet3_prefect")
-
-
-class LostWorkers:
-    """While a stage's shards run: when Dask removes a worker (its batch job preempted, killed at its
-    walltime, its node gone), the shard it was running is lost with it. Dask runs that shard again on
-    another worker, under the same task run; this marks the task run Crashed first, so the run's record
-    shows where the time went (Running, Crashed, then Running and Completed on the worker that redid
-    it), and says so on one line. Shards merely queued on the lost worker are left alone: they never
-    started. Dask's scheduler announces the removal on its ``all`` event topic (with the keys the
-    worker was processing); the marking is done by one thread of ours, joined (bounded) on exit."""
-
-    JOIN_S = 30.0
-
-    def __init__(self, client, pending: dict, log):
-        import queue
-
-        self.client, self.pending, self.log = client, pending, log
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = None
-
-    def __enter__(self) -> LostWorkers:
-        import contextvars
-        import threading
-
-        # In this thread's context: the flow run's settings (its API URL) and logger go with it.
-        context = contextvars.copy_context()
-        self.thread = threading.Thread(target=context.run, args=(self._mark,), name="e3p-lost-workers", daemon=True)
-        self.thread.start()
-        try:
-            self.client.subscribe_topic("all", self._heard)
-        except Exception as exc:  # noqa: BLE001 - a scheduler without events: shards still rerun
-            self.log.debug("not watching for lost workers: %s", exc)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import contextlib
-
-        with contextlib.suppress(Exception):
-            self.client.unsubscribe_topic("all")
-        self.queue.put(None)
-        self.thread.join(self.JOIN_S)
-
-    def _heard(self, event) -> None:  # on the client's event loop: hand over, never block it
-        _when, message = event
-        if isinstance(message, dict) and message.get("action") == "remove-worker":
-            for key in message.get("processing-tasks") or ():
-                found = self.pending.get(key)
-                if found is not None:
-                    self.queue.put((found, message.get("worker")))
-
-    def _mark(self) -> None:
-        while (item := self.queue.get()) is not None:
-            (future, shard), worker = item
-            if future.wrapped_future.done():
-                continue
-            where = shard_where(shard)
-            message = f"{where}: its worker {worker} was lost while running it; the shard runs again elsewhere"
-            if mark_running_task_run_crashed(future.task_run_id, message):
-                self.log.warning("%s", message)
-
-
-class NoWorkers:
-    """Stops a run whose workers are all gone and stay gone. Dask keeps a task whose workers left
-    waiting for another, forever: a batch job that never comes back, a nanny that could not restart
-    its worker (it failed to start again), a running scheduler's workers stopped by their owner. Once
-    the cluster has had a worker, a thread asks the scheduler every ``POLL_S`` how many it has; after
-    ``timeout_s`` with none (``parallel.no_worker_timeout_s``: 300 s by default, 3600 s for batch
-    schedulers, whose replacement jobs may queue; None waits forever) it cancels the futures it was
-    given, so the flow's wait ends, and :attr:`gone` says why on one line. The shards that finished
-    keep their done markers, so a new run resumes. A cluster still waiting for its first worker (a
-    batch queue) is left alone."""
-
-    POLL_S = 1.0
-
-    def __init__(self, client, timeout_s: float | None):
-        import threading
-
-        self.client, self.timeout_s = client, timeout_s
-        #: why the run stops (one line), once every worker has been gone for ``timeout_s``
-        self.gone: str | None = None
-        self._futures: list = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
-
-    def __enter__(self) -> NoWorkers:
-        import threading
-
-        if self.timeout_s is not None:
-            import contextvars
-
-            # in this thread's context: the flow run's logger goes with it
-            context = contextvars.copy_context()
-            self._thread = threading.Thread(target=context.run, args=(self._watch,), name="e3p-no-workers", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10 * self.POLL_S)
-
-    def cancels(self, futures: list) -> None:
-        """Dask futures to cancel when the workers are gone for good (at once if they already are)."""
-        with self._lock:
-            self._futures = list(futures)
-            gone = self.gone
-        if gone:
-            self.client.cancel(futures)
-
-    def result(self, future):
-        """``future.result()`` (a Prefect future), or the one-line error once the workers are gone."""
-        self.cancels([future.wrapped_future])
-        try:
-            return future.result()
-        except BaseException:
-            if self.gone:
-                raise Espnet3PrefectError(self.gone) from None
-            raise
-
-    def _watch(self) -> None:
-        import time
-
-        last: list[str] = []
-        empty_since = None
-        while not self._stop.wait(self.POLL_S):
-            try:
-                workers = sorted(self.client.nthreads())
-            except Exception:  # noqa: BLE001 - the scheduler itself gone: the client's own errors say so
-                continue
-            if workers:
-                last, empty_since = workers, None
-                continue
-            if not last:  # no worker yet (a batch queue): not this watch's to judge
-                continue
-            if empty_since is None:
-                empty_since = time.monotonic()
-                left_at = time.strftime("%H:%M:%S")
-            if time.monotonic() - empty_since < self.timeout_s:
-                continue
-            names = ", ".join(last[:3]) + (f" and {len(last) - 3} more" if len(last) > 3 else "")
-            with self._lock:
-                self.gone = (
-                    f"no Dask worker for {self.timeout_s:g} s (the last, {names}, left at {left_at}) and none came "
-                    "back, so the run stops; the finished shards are kept, run again to resume "
-                    "(parallel.no_worker_timeout_s: how long to wait; null waits forever)"
-                )
-                futures = self._futures
-            get_logger().error("%s", self.gone)
-            self.client.cancel(futures)
-            return
-
-
 def shard_where(shard: Shard) -> str:
     """``split.3 items [8, 12)``; over an explicit index list, the dataset indices it covers.
 
@@ -407,39 +276,22 @@ def shard_where(shard: Shard) -> str:
     return f"split.{shard.index} indices {first}..{last} (positions [{shard.start}, {shard.stop}) of the index list)"
 
 
-def shard_failure(future, shard: Shard, exc: Exception) -> str:
-    """One line naming the shard; a shard whose worker died is marked Crashed in the API."""
-    from distributed.scheduler import KilledWorker
+def shard_failure(shard: Shard, exc: Exception) -> str:
+    """One line naming the shard and why it failed.
 
+    >>> from distributed.scheduler import KilledWorker
+    >>> shard_failure(Shard("t", 3, 8, 12), KilledWorker("run-shard-3", "tcp://w", 3))
+    'split.3 items [8, 12): its worker died while running it (KilledWorker); not retried further'
+    """
     where = shard_where(shard)
-    if isinstance(exc, KilledWorker):  # Dask lost it: Prefect never saw the end of the task run
-        from prefect.runtime import flow_run
-
-        from espnet3_prefect.tasks.run_shard import run_shard
-
-        message = f"{where}: its worker died while running it ({type(exc).__name__}); not retried further"
-        mark_task_run_crashed(
-            future.task_run_id,
-            message,
-            task=run_shard,
-            name=f"run-shard-{shard.test_set}-{shard.index}",
-            flow_run_id=flow_run.id,
-        )
-        return message
+    if _killed(exc):
+        return f"{where}: its worker died while running it ({type(exc).__name__}); not retried further"
     full = None if isinstance(exc, DiskFullError) else no_space(exc)
     return f"{where}: {describe(disk_full(full) if full is not None else exc)}"
 
 
-def take_run_lock(folder: Path, logger) -> RunLock:
-    """Take ``folder``'s run lock; a killed earlier run's flow run is marked Crashed."""
-    from prefect.runtime import flow_run
+def _killed(exc: Exception) -> bool:
+    """Whether Dask gave up on the task because the workers running it died."""
+    from distributed.scheduler import KilledWorker
 
-    lock = acquire(folder, str(flow_run.id) if flow_run.id else None)
-    stale = lock.stale_holder
-    if stale:
-        logger.warning("took over the lock of a run that is gone (pid %s on %s)", stale.get("pid"), stale.get("host"))
-        if stale.get("flow_run_id") and mark_flow_run_crashed(
-            stale["flow_run_id"], f"its process (pid {stale.get('pid')} on {stale.get('host')}) is gone"
-        ):
-            logger.warning("marked the stale flow run %s as Crashed", stale["flow_run_id"])
-    return lock
+    return isinstance(exc, KilledWorker)

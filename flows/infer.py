@@ -21,13 +21,14 @@ from espnet3_prefect.config.load import load_config_input
 from espnet3_prefect.execution.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import check_writable, enter_workdir, preload_on_main_thread
-from espnet3_prefect.flows.dispatch import DaskExecutor, take_run_lock
+from espnet3_prefect.flows.dispatch import DaskExecutor
 from espnet3_prefect.flows.workers import INFER_FORKSERVER_PRELOAD, TASK_PRELOAD, stage_modules
 from espnet3_prefect.pipeline.dataprep import ensure_prepared
 from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.duration import caveat
 from espnet3_prefect.pipeline.report import CONSOLE_OFF, format_summary, publish_summary, quiet_console
 from espnet3_prefect.pipeline.resume import already_complete
+from espnet3_prefect.pipeline.run_lock import take_run_lock
 from espnet3_prefect.pipeline.run_plan import RunPlan, plan_run
 
 
@@ -159,6 +160,9 @@ def _run_stages(plan: RunPlan, logger) -> tuple[list[dict], Callable[[], Any] | 
                 stage_modules=stage_modules(todo),
             )
 
+        from espnet3_prefect.execution.api_reach import set_api_outage_s
+
+        set_api_outage_s(spec.api_outage_s)  # how long this stage waits for a server that is not its own
         with DaskExecutor(
             open_runner,
             logger,

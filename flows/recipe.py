@@ -50,6 +50,12 @@ class PrefectStages:
         cached_stage.with_options(task_run_name=stage)(stage, reason)
 
     def run(self, stage: str, call: Any, why: str) -> None:
+        from espnet3_prefect.execution.api_reach import wait_until_up
+
+        # A stage starts its task or subflow run on the server: after an outage, once the server answers
+        # (the work of a stage already running goes on meanwhile; past parallel.api_outage_s the watch
+        # ends the run)
+        wait_until_up()
         get_run_logger().info("%s: runs (%s); its log: %s", stage, why, stage_log(self.recipe_run, stage))
         self.here = None if stage in self.recipe_run.placed else stage
         try:

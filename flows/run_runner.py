@@ -19,11 +19,12 @@ from prefect import flow, get_run_logger
 from espnet3_prefect.execution.cluster import cancel_jobs_hook, open_task_runner
 from espnet3_prefect.execution.run_states import fails_with_its_message
 from espnet3_prefect.execution.rundir import check_writable
-from espnet3_prefect.flows.dispatch import DaskExecutor, take_run_lock
+from espnet3_prefect.flows.dispatch import DaskExecutor
 from espnet3_prefect.flows.workers import FORKSERVER_PRELOAD, TASK_PRELOAD, stage_modules
 from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.duration import caveat
 from espnet3_prefect.pipeline.report import format_summary, quiet_console, summary_rows
+from espnet3_prefect.pipeline.run_lock import take_run_lock
 
 KIND = "run-runner"
 
@@ -65,6 +66,9 @@ def run_runner(job: Any) -> Any:
 
     if stage.work.max_duration is not None:
         logger.warning(caveat(stage.work.max_duration, whole_test_set=False))
+    from espnet3_prefect.execution.api_reach import set_api_outage_s
+
+    set_api_outage_s(spec.api_outage_s)  # how long this stage waits for a server that is not its own
     lock = take_run_lock(layout.root, logger)
     try:
         with DaskExecutor(

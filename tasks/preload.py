@@ -87,6 +87,25 @@ def dask_setup(worker) -> None:
     adopt_environ()
     setattr(worker, WARMED, warm_up())
     quiet_after_ctrl_c()
+    one_line_per_outage()
+
+
+def one_line_per_outage() -> None:
+    """While the Prefect server is unreachable, a worker's Prefect clients report every event they keep
+    for later (a warning, then the whole event at ERROR: pages per shard on the run's terminal) and every
+    batch of log lines they drop ("--- Error logging to API ---" on stderr, as the logging module does
+    for a handler's error). The events are sent when the server is back; the log lines stay in the
+    stage's log files; the driver's watch says the outage once. So the worker drops those reports."""
+    import logging
+
+    logging.getLogger("prefect.events.clients").addFilter(_not_an_outage_report)
+    logging.getLogger("prefect._internal.concurrency").addFilter(_not_an_outage_report)
+    logging.raiseExceptions = False  # the API log handler's drops only: a worker has no other handler that fails
+
+
+def _not_an_outage_report(record) -> bool:
+    message = record.getMessage()
+    return not ("Unable to connect to" in message or "'EventsWorker' failed to process item" in message)
 
 
 def quiet_after_ctrl_c() -> None:

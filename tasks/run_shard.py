@@ -47,7 +47,7 @@ def run_shard(work, shard: dict) -> dict:
     is (Dask runs a finished task again when its result died with its worker, prefect#15442): then the
     shard is not recomputed and the marker's record comes back with ``reused``.
     """
-    from prefect.runtime import flow_run
+    from prefect.runtime import flow_run, task_run
 
     quiet_console()  # one terminal line per shard in the process that runs it
     logger = get_run_logger()
@@ -67,7 +67,14 @@ def run_shard(work, shard: dict) -> dict:
         work.layout,
         on_error=work.on_error,
         idx_key=work.idx_key,
-        marker={"fingerprint": work.fingerprint, "identity": work.identity, "flow_run_id": run_id},
+        # the flow and task run it finished, for the record a server outage hid (execution/catch_up.py)
+        marker={
+            "fingerprint": work.fingerprint,
+            "identity": work.identity,
+            "flow_run_id": run_id,
+            "task_run_id": str(task_run.id) if task_run.id else None,
+            "task_key": run_shard.task_key,
+        },
         flow_run_id=run_id,
         allow_overwrite_lock=work.allow_overwrite_lock,
         log=logger.warning,

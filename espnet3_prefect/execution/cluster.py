@@ -37,6 +37,7 @@ from typing import Any
 
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError, one_line
 from espnet3_prefect.execution import backends
+from espnet3_prefect.execution.abort import Abort
 from espnet3_prefect.execution.backends import forkserver
 from espnet3_prefect.execution.backends.base import Backend, ClusterContext
 from espnet3_prefect.execution.backends.jobs import current_flow_run_id, run_job_name, run_tag, tag_of
@@ -170,6 +171,8 @@ def _opened(
                 job_name,
                 log_dir,
             )
+            # the watcher's way to end the run: the Dask client closed, once, never after its stop
+            abort = Abort(client.close)
             watcher = JobWatcher(
                 backend,
                 job_name,
@@ -177,17 +180,18 @@ def _opened(
                 client.cluster,
                 logger,
                 expected_jobs=jobs,
-                abort=client.close,
+                abort=lambda: abort.fire(watcher.error),
                 submit_errors=submit_errors,
             )
             watcher.start()
             try:
                 yield runner
             except BaseException:
-                if watcher.error is not None:
-                    raise watcher.error from None
+                if abort.error is not None:
+                    raise abort.error from None
                 raise
             finally:
+                abort.close()
                 watcher.stop()
     finally:
         if backend.queue is not None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger("espnet3_prefect")
 
@@ -118,13 +122,50 @@ def mark_running_task_run_crashed(task_run_id, message: str) -> bool:
         return False
 
 
-FINAL_TYPES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+def count_task_runs(post: Callable[[dict], int], flow_run_id=None) -> tuple[int, int]:
+    """``(task runs, those in a terminal state)`` that the server holds of the flow run ``flow_run_id``
+    (of every flow run when None): how far its task-run recorder has caught up, the one measure both
+    :func:`wait_until_recorded` and a server's stop (:func:`espnet3_prefect.server.drain.drain`) read.
+
+    ``post(body)`` sends ``body`` as one ``POST /task_runs/count`` to the server and returns the number
+    it answers (each caller its own transport: a Prefect client, or plain HTTP to a server that is not
+    the one configured). Terminal is Prefect's own set (``prefect.client.schemas.objects.TERMINAL_STATES``:
+    a task run in one sends nothing more). The terminal ones are counted first: a run recorded between
+    the two requests can only make the total larger, never the pair look caught up when it is not.
+    """
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import TERMINAL_STATES
+
+    of_run = (
+        {}
+        if flow_run_id is None
+        else {
+            "flow_runs": FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])).model_dump(
+                mode="json", exclude_unset=True
+            )
+        }
+    )
+    terminal = TaskRunFilter(
+        state=TaskRunFilterState(type=TaskRunFilterStateType(any_=sorted(TERMINAL_STATES)))
+    ).model_dump(mode="json", exclude_unset=True)
+    done = int(post({**of_run, "task_runs": terminal}))
+    total = int(post(of_run))
+    return total, done
 
 
-def wait_until_recorded(flow_run_id, expected: int, *, timeout_s: float = 10.0, poll_s: float = 0.1) -> bool:
+def wait_until_recorded(
+    flow_run_id, expected: int, *, timeout_s: float = 10.0, poll_s: float = 0.1, quiet: bool = False
+) -> bool:
     """Wait until the server holds at least ``expected`` task runs of the flow run ``flow_run_id``, none
-    of them in a state that is not final; True once it does, False after ``timeout_s`` (one warning
-    line) or when the server cannot be asked (the run's own result is never held up by this).
+    of them in a state that is not final (:func:`count_task_runs`); True once it does, False after
+    ``timeout_s`` (one warning line, unless ``quiet``) or when the server cannot be asked (the run's own result is never
+    held up by this).
 
     A task run's states reach the server as events that its recorder writes asynchronously (batched:
     up to a second later on every server we start, :mod:`espnet3_prefect.server.services`; much later
@@ -137,36 +178,28 @@ def wait_until_recorded(flow_run_id, expected: int, *, timeout_s: float = 10.0, 
     import time
 
     from prefect import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterId,
-        TaskRunFilter,
-        TaskRunFilterState,
-        TaskRunFilterStateType,
-    )
 
     if expected <= 0 or flow_run_id is None:
         return True
-    of_run = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])).model_dump(mode="json", exclude_unset=True)
-    final = TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=list(FINAL_TYPES)))).model_dump(
-        mode="json", exclude_unset=True
-    )
     deadline = time.monotonic() + timeout_s
     done = 0
     try:
         with get_client(sync_client=True) as client:
+
+            def post(body: dict) -> int:
+                return client.request("POST", "/task_runs/count", json=body).json()
+
             while True:
-                body = {"flow_runs": of_run, "task_runs": final}
-                done = client.request("POST", "/task_runs/count", json=body).json()
-                if done >= expected:
-                    total = client.request("POST", "/task_runs/count", json={"flow_runs": of_run}).json()
-                    if total == done:
-                        return True
+                total, done = count_task_runs(post, flow_run_id)
+                if done >= expected and total == done:
+                    return True
                 if time.monotonic() + poll_s > deadline:
                     break
                 time.sleep(poll_s)
     except Exception as exc:  # noqa: BLE001 - a report of the record, never the run's outcome
         log.debug("could not count the task runs of flow run %s: %s", flow_run_id, exc)
+        return False
+    if quiet:  # the caller has more to try
         return False
     log.warning(
         "the Prefect server had recorded %d of this flow run's %d task runs as finished %.0f s after its "
@@ -207,8 +240,11 @@ def fails_with_its_message(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from espnet3_prefect.execution.server_watch import deployment_watch
+
         try:
-            return fn(*args, **kwargs)
+            with deployment_watch():  # a deployment's run outlives a server restart as a command's does
+                return fn(*args, **kwargs)
         except Espnet3PrefectError as exc:
             from prefect import get_run_logger
             from prefect.states import Failed

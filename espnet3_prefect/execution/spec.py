@@ -16,6 +16,7 @@ from typing import Any
 from espnet3_prefect._internal.util import is_int
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.execution import backends
+from espnet3_prefect.execution.api_reach import DEFAULT_API_OUTAGE_S
 from espnet3_prefect.execution.backends.base import Backend, ClusterContext
 
 # lifetime_margin_s: batch-scheduler workers retire this long before their walltime (backends/walltime.py).
@@ -23,6 +24,7 @@ from espnet3_prefect.execution.backends.base import Backend, ClusterContext
 # tls: scheduler <-> workers over TLS with per-run certificates (None: the env's default).
 # shard_duration: shards sized by the dataset's lengths() (pipeline/plan.py), handed out longest first.
 # no_worker_timeout_s: how long a run waits once every worker it had is gone (flows/dispatch.py).
+# api_outage_s: how long a run waits for a Prefect server that is not its own (server/watch.py).
 TOP_LEVEL_KEYS = (
     "env",
     "n_workers",
@@ -34,6 +36,7 @@ TOP_LEVEL_KEYS = (
     "allow_overwrite_lock",
     "tls",
     "no_worker_timeout_s",
+    "api_outage_s",
 )
 
 
@@ -57,6 +60,8 @@ class ParallelSpec:
     tls: bool | None = None
     #: seconds a run waits with no worker, once it has had one, before it stops (None: forever)
     no_worker_timeout_s: float | None = Backend.no_worker_timeout_s
+    #: seconds a run waits for a Prefect server that is not its own, unreachable or busy (None: forever)
+    api_outage_s: float | None = DEFAULT_API_OUTAGE_S
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None) -> ParallelSpec:
@@ -123,7 +128,25 @@ def _common(block: Mapping[str, Any]) -> dict[str, Any]:
         "num_shards": None if num_shards is None else _positive_int("parallel.num_shards", num_shards),
         "shard_duration": shard_duration,
         "allow_overwrite_lock": _flag("parallel.allow_overwrite_lock", block.get("allow_overwrite_lock")),
+        "api_outage_s": api_outage_s(block),
     }
+
+
+def api_outage_s(block: Mapping[str, Any]) -> float | None:
+    """``parallel.api_outage_s``: absent, :data:`~espnet3_prefect.execution.api_reach.DEFAULT_API_OUTAGE_S`;
+    null, wait forever; else a finite number > 0.
+
+    >>> api_outage_s({}), api_outage_s({"api_outage_s": None}), api_outage_s({"api_outage_s": 20})
+    (900.0, None, 20.0)
+    """
+    if "api_outage_s" not in block:
+        return DEFAULT_API_OUTAGE_S
+    return _finite_positive(
+        "parallel.api_outage_s",
+        block["api_outage_s"],
+        "a number of seconds > 0 (how long a run waits for a Prefect server that is not its own once it stops "
+        "answering, e.g. 900 for a restart or an upgrade), or null to wait forever",
+    )
 
 
 def check_shard_duration(value: Any) -> float | None:

@@ -10,6 +10,8 @@ from typing import Any, TextIO
 
 from espnet3_prefect.pipeline.throughput import ShardStats, add_worker, of_summary, throughput_line
 
+log = logging.getLogger("espnet3_prefect")
+
 #: the least time between two updates of the progress artifact (the UI's progress bar) before the end
 ARTIFACT_EVERY_S = 5.0
 
@@ -35,12 +37,11 @@ class Progress:
         self._artifact_id = None
         self._last_pct = -1
         self._artifact_pct, self._artifact_time = 0.0, time.perf_counter()
+        self._artifact = artifact
+        self._description = f"{kind} {label}: shards done of {total_shards}"
+        self._catching_up = None  # the thread that sends the artifact once an unreachable server is back
         if artifact:
-            from prefect.artifacts import create_progress_artifact
-
-            self._artifact_id = create_progress_artifact(
-                progress=0.0, description=f"{kind} {label}: shards done of {total_shards}"
-            )
+            self._send(0.0)
         self._draw()
 
     def advance(self, items: int) -> None:
@@ -56,11 +57,54 @@ class Progress:
         pct = 100.0 * self.shards / self.total_shards
         now = time.perf_counter()
         due = now - self._artifact_time >= ARTIFACT_EVERY_S or self.shards == self.total_shards
-        if self._artifact_id is not None and due:
+        if self._artifact and due:
+            self._send(pct)
+            self._artifact_pct, self._artifact_time = pct, now
+
+    def _send(self, pct: float) -> None:
+        """Create or update the artifact, unless the run's server is unreachable just now: then one
+        daemon thread sends the latest progress once it answers, and the booking of shards never waits
+        for the server (an update blocked in the client's retries stalled the bar for the outage)."""
+        from espnet3_prefect.execution.api_reach import server_out
+
+        if self._catching_up is None and not server_out():
+            try:
+                self._write(pct)
+                return
+            except Exception as exc:  # noqa: BLE001 - the server went away meanwhile: said by its watch
+                log.debug("progress artifact not sent: %s", exc)
+        if self._catching_up is None:
+            import contextvars
+            import threading
+
+            context = contextvars.copy_context()  # the flow run's API settings go with it
+            self._catching_up = threading.Thread(
+                target=context.run, args=(self._send_when_back,), name="e3p-progress-catch-up", daemon=True
+            )
+            self._catching_up.start()
+
+    def _send_when_back(self) -> None:
+        from espnet3_prefect.execution.api_reach import wait_until_up
+
+        try:
+            sent = -1
+            while wait_until_up() and sent != self.shards:  # shards booked while it sent: once more
+                sent = self.shards
+                self._write(100.0 * sent / max(1, self.total_shards))
+        except Exception as exc:  # noqa: BLE001 - a report only
+            log.debug("progress artifact not sent: %s", exc)
+        finally:
+            self._catching_up = None
+
+    def _write(self, pct: float) -> None:
+        if self._artifact_id is None:
+            from prefect.artifacts import create_progress_artifact
+
+            self._artifact_id = create_progress_artifact(progress=pct, description=self._description)
+        else:
             from prefect.artifacts import update_progress_artifact
 
             update_progress_artifact(self._artifact_id, progress=pct)
-            self._artifact_pct, self._artifact_time = pct, now
 
     def _draw(self) -> None:
         pct = int(100 * self.shards / max(1, self.total_shards))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from espnet3_prefect._internal.atomic import atomic_write_text
 from espnet3_prefect._internal.proc import pid_alive
 from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.execution.api_reach import DEFAULT_API_OUTAGE_S, patient_client
 from espnet3_prefect.server.guard import users_lock
 from espnet3_prefect.server.port import project_port, remember_port
 from espnet3_prefect.server.process import forget_server, running_server, start_server, stop_server
@@ -78,9 +79,10 @@ def prefect_api(
     ``starting``, when given, is called once the API is chosen and before a new server is waited for,
     with the ``PREFECT_HOME`` this process will export (``{}`` for ``$PREFECT_API_URL``): work that
     needs no API yet (the fork server of the local workers) runs beside the server's start.
-    ``watch``: while the block runs, the server is watched (:mod:`~espnet3_prefect.server.watch`); one
-    that stops mid-run ends the block within seconds as ``ServerGoneError``, whose line names the
-    server and the command that finishes the run (``rerun``).
+    ``watch``: while the block runs, the server is watched (:mod:`~espnet3_prefect.server.watch`): the
+    run's own that stops mid-run ends the block within seconds as ``ServerGoneError``, whose line names
+    the server and the command that finishes the run (``rerun``); ``$PREFECT_API_URL``'s is waited for,
+    up to ``parallel.api_outage_s``, before it ends the block the same way.
 
     >>> with prefect_api("/tmp/e3p-doc") as url:   # doctest: +SKIP
     ...     print(url)
@@ -99,9 +101,10 @@ def prefect_api(
                 f"{asked}: PREFECT_API_URL is set, so no embedded server starts; unset it or drop {asked.split()[0]}"
             )
         _beside_the_start(starting, {})
-        with exported(external_client(lambda: state_dir(home))):
+        with exported(external_client(lambda: state_dir(home))), patient_client():
             url, cafile = os.environ["PREFECT_API_URL"], os.environ.get("PREFECT_API_SSL_CERT_FILE")
-            with _watched(watch, url, "the Prefect server of PREFECT_API_URL", rerun, cafile):
+            what = "the Prefect server of PREFECT_API_URL"
+            with _watched(watch, url, what, rerun, cafile, outage_s=DEFAULT_API_OUTAGE_S):
                 yield url
         return
     address = resolve_host(chosen_host) if chosen_host else "127.0.0.1"
@@ -160,12 +163,13 @@ def _found_or_started(
 
 @contextlib.contextmanager
 def _watched(
-    watch: bool, api_url: str, what: str, rerun: str | None, cafile: str | None
+    watch: bool, api_url: str, what: str, rerun: str | None, cafile: str | None, *, outage_s: float | None = 0.0
 ) -> Iterator[ServerWatch | None]:
+    """The run's own server (``outage_s`` 0) ends the run once it stops answering; another is waited for."""
     if not watch:
         yield None
         return
-    with watching(api_url, what=what, rerun=rerun, cafile=cafile) as watched:
+    with watching(api_url, what=what, rerun=rerun, cafile=cafile, outage_s=outage_s) as watched:
         yield watched
 
 

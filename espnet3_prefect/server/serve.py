@@ -27,10 +27,12 @@ import contextlib
 import os
 import time
 
-#: the longest a stop waits for the services' queues (below the 25 s a guard and the 30 s a stop
-#: (:data:`espnet3_prefect.server.process.STOP_TIMEOUT_S`) wait before SIGKILL): under a load of ~30
+from espnet3_prefect._internal.stopping import SERVER_STOP
+
+#: the longest a stop waits for the services' queues (below what a guard and a stop wait before SIGKILL:
+#: :data:`~espnet3_prefect._internal.stopping.SERVER_STOP` keeps them in order): under a load of ~30
 #: on 2 cores a SQLite server wrote 1,000 task runs' events in 8.6 s, and 6 s lost 303 of them
-DRAIN_TIMEOUT_S = 20.0
+DRAIN_TIMEOUT_S = SERVER_STOP.drain_s
 #: a queue not read from for this long has no service reading it: the stop waits no more
 STALLED_S = 2.0
 DRAIN_VAR = "ESPNET3_PREFECT_DRAIN_TIMEOUT_S"
@@ -39,13 +41,26 @@ MEMORY_BROKER = "prefect.server.utilities.messaging.memory"
 
 
 def queued_messages() -> int | None:
-    """Messages delivered to the in-memory subscriptions (the services' inboxes) and not yet read;
-    None when this Prefect does not keep them where we look (then nothing is waited for)."""
+    """Messages delivered to the in-memory subscriptions (the services' inboxes) and not yet read,
+    those put back to be tried again included; None when this Prefect does not keep them where we
+    look (then nothing is waited for).
+
+    The one place that reads Prefect's private attributes (``Topic._topics``, a topic's
+    ``_subscriptions``, a subscription's ``_queue`` and ``_retry``), checked against Prefect 3.9.1's
+    ``prefect/server/utilities/messaging/memory.py``: it has no public way to ask. A ``Subscription``
+    offers only ``get()``, a ``Topic`` neither its list of topics nor its queues' sizes. The module's
+    ``METRICS`` (per topic: published, consumed; for the recorder's debug log) is public by name, but
+    counts since the process started: a message sent to the dead-letter queue, or left in the queue of
+    a consumer that went away (a UI's event stream closing), stays published and never consumed, so a
+    stop would wait :data:`STALLED_S` every time and report messages that are gone. Counting what the
+    recorder wrote through the API instead (what :mod:`.drain` does from outside) cannot tell "caught
+    up" from "nothing more came" without waiting for a quiet spell. tests/unit/test_caught_up.py fails
+    when a Prefect upgrade moves these attributes."""
     from prefect.server.utilities.messaging import memory
 
     try:
         topics = list(memory.Topic._topics.values())
-        return sum(sub._queue.qsize() for topic in topics for sub in topic._subscriptions)
+        return sum(sub._queue.qsize() + sub._retry.qsize() for topic in topics for sub in topic._subscriptions)
     except (AttributeError, TypeError):
         return None
 

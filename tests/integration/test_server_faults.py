@@ -23,9 +23,10 @@ EXPECTED = lambda n: "".join(f"utt{i:05d} {3 * i * i}\n" for i in range(n))  # n
 N_ITEMS, N_SHARDS = 120, 24
 
 
-def _slow_toy(tmp_path):
+def _slow_toy(tmp_path, **parallel):
     cfg = toy_config(tmp_path, n=N_ITEMS, num_shards=N_SHARDS)
     cfg["model"]["sleep_s"] = 0.1  # ~0.5 s per shard: the run lasts ~6 s on 2 workers
+    cfg["parallel"].update(parallel)
     return write_yaml(tmp_path / "inference.yaml", cfg)
 
 
@@ -51,13 +52,13 @@ def _wait_for_done(out, n: int, proc, timeout_s: float = 240) -> None:
     assert proc.poll() is None, "the run ended before the fault"
 
 
-def _ends_on_the_line(proc, killed_at: float, server: str):
+def _ends_on_the_line(proc, killed_at: float, server: str, how: str = r"stopped \(connection refused\) mid-run"):
     _, stderr = proc.communicate(timeout=120)
     ended_s = time.monotonic() - killed_at
     last = stderr.rstrip().splitlines()[-1]
     assert proc.returncode == 1, stderr[-3000:]
     assert re.fullmatch(
-        rf"error: {server} at http://127\.0\.0\.1:\d+/api stopped \(connection refused\) mid-run; the shards "
+        rf"error: {server} at http://127\.0\.0\.1:\d+/api {how}; the shards "
         r"finished so far are kept on disk; to finish the rest, re-run: espnet3-prefect infer --config \S+",
         last,
     ), last
@@ -93,19 +94,28 @@ def test_the_embedded_server_killed_mid_run_ends_the_run_on_one_line(tmp_path):
     _rerun_finishes(path, tmp_path, env, done)
 
 
-def test_a_users_own_server_going_away_mid_run_is_named_the_same_way(tmp_path):
+def test_a_users_own_server_gone_longer_than_api_outage_s_ends_the_run_on_one_line(tmp_path):
+    """A server that is not the run's own is waited for (tests/integration/test_server_outage.py), up to
+    ``parallel.api_outage_s``: past it, the run ends on the same one line, and a re-run finishes."""
     from espnet3_prefect.server.process import start_server, stop_server
     from tests.helpers.prefect_db import seed
 
     home = seed(tmp_path / "users-server")
     server, url = start_server(home, ui=False)
     try:
-        path = _slow_toy(tmp_path)
+        path = _slow_toy(tmp_path, api_outage_s=5)
         env = {**cli_env(tmp_path / "home"), "PREFECT_API_URL": url}
         proc = _start_cli(path, tmp_path, env, signal.SIG_IGN)
-        _wait_for_done(tmp_path / "inference/test_a", 2, proc)
+        out = tmp_path / "inference/test_a"
+        _wait_for_done(out, 2, proc)
         os.killpg(server.pid, signal.SIGKILL)
-        _ends_on_the_line(proc, time.monotonic(), "the Prefect server of PREFECT_API_URL")
+        how = r"has been unreachable since \d\d:\d\d:\d\d \(connection refused\), longer than parallel.api_outage_s=5"
+        _, stderr = _ends_on_the_line(proc, time.monotonic(), "the Prefect server of PREFECT_API_URL", how)
+        assert stderr.count("is unreachable since") == 1, stderr[-3000:]
+        server.wait(30)
+        done_before = {int(p.parent.name.split(".")[1]) for p in out.glob("split.*/done")}
+        server, url = start_server(home, ui=False, port=int(url.rsplit(":", 1)[1].split("/")[0]))
+        _rerun_finishes(path, tmp_path, env, done_before)
     finally:
         stop_server(server.pid)
 
@@ -196,3 +206,105 @@ def test_the_watch_interrupts_under_a_handler_that_exits_silently_and_puts_it_ba
         assert signal.getsignal(signal.SIGINT) is exits_silently
     finally:
         signal.signal(signal.SIGINT, saved)
+
+
+class _Switch:
+    """A loopback ``/health`` on one port that answers 200, answers ``status``, or is closed, as told."""
+
+    def __init__(self):
+        from espnet3_prefect.server.process import free_port
+
+        self.port, self.status, self._server = free_port(), 200, None
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.open()
+
+    def open(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        switch = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(switch.status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def _until(predicate, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.05)
+
+
+def test_a_server_not_the_runs_own_is_waited_for_said_once_gone_and_once_back(caplog):
+    from espnet3_prefect.execution import api_reach
+    from espnet3_prefect.server import watch
+
+    switch = _Switch()
+    try:
+        with watch.watching(switch.url, what="the lab's server", outage_s=60) as w:
+            w.interval_s = 0.05
+            assert api_reach.current() is w and api_reach.wait_until_up(0.1)
+            switch.close()
+            _until(api_reach.server_out)
+            waiter = threading.Thread(target=lambda: setattr(waiter, "up", api_reach.wait_until_up(30)))
+            waiter.start()
+            time.sleep(0.3)
+            assert waiter.is_alive()  # blocked while the server is out
+            switch.open()
+            waiter.join(30)
+            assert waiter.up and not api_reach.server_out()
+            assert w.reason is None and api_reach.outages_begun() == 1 and len(w.outages) == 1
+        assert api_reach.current() is None
+    finally:
+        switch.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "espnet3_prefect"]
+    assert sum("is unreachable since" in m and "(connection refused)" in m for m in said) == 1, said
+    assert sum("answers again" in m for m in said) == 1, said
+
+
+def test_a_server_busy_past_api_outage_s_ends_the_run_naming_it_busy():
+    from espnet3_prefect.server import watch
+
+    switch = _Switch()
+    try:
+        switch.status = 503
+        with pytest.raises(
+            watch.ServerGoneError,
+            match=r"has been busy since \S+ \(it answers 503 or 429\), longer than parallel\.api_outage_s=1;",
+        ):
+            with watch.watching(switch.url, what="the lab's server", outage_s=1) as w:
+                w.interval_s = 0.05
+                threading.Event().wait(60)  # woken by the watch's interrupt
+        # the run's own server answering 503 is there: busy, not gone
+        with watch.watching(switch.url, what="the run's server") as own:
+            own.interval_s = 0.05
+            time.sleep(0.5)
+            assert own.reason is None and own.out_since is None
+    finally:
+        switch.close()
+
+
+def test_api_outage_s_is_checked_before_anything_starts():
+    from espnet3_prefect.errors import ConfigError
+    from espnet3_prefect.execution.spec import ParallelSpec
+
+    assert ParallelSpec.from_config({}).api_outage_s == 900.0
+    assert ParallelSpec.from_config({"api_outage_s": None}).api_outage_s is None
+    assert ParallelSpec.from_config({"address": "tcp://h:8786", "api_outage_s": 30}).api_outage_s == 30.0
+    for bad in (0, -1, "15m", True, float("inf")):
+        with pytest.raises(ConfigError, match=r"^parallel\.api_outage_s: must be a number of seconds > 0"):
+            ParallelSpec.from_config({"api_outage_s": bad})
