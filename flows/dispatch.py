@@ -36,6 +36,9 @@ heartbeats_unjoined()
 #: after an outage, how long the cluster stays up for its workers to send what the server missed (their
 #: Prefect clients send again every 30 s once it answers); what is still missing then comes from the markers
 RESEND_S = 40.0
+#: at a stage's end, how long the record may take to be whole while the server's recorder still catches
+#: up, and how long it may stand still before the rest is taken as lost (and sent from the done markers)
+RECORD_MAX_S, STALL_S = 60.0, 15.0
 
 
 class DaskExecutor:
@@ -98,21 +101,21 @@ class DaskExecutor:
         return self
 
     def __exit__(self, *exc) -> bool:
-        after_outage = False
-        if exc[0] is None and self.task_runs:
-            from prefect.runtime import flow_run
+        try:
+            if exc[0] is None and self.task_runs:
+                from prefect.runtime import flow_run
 
-            # The workers keep in memory what an unreachable server could not take, and send it once it
-            # answers: the cluster closes only then, and after an outage once the server holds the record
-            # or RESEND_S have passed (their clients send again every 30 s)
-            wait_until_up()
-            after_outage = outages_begun() > self._outages_at_start
-            if after_outage:
-                wait_until_recorded(flow_run.get_id(), self.task_runs, timeout_s=RESEND_S, quiet=True)
-        suppressed = self._stack.__exit__(*exc)
+                # The workers keep in memory what an unreachable server could not take, and send it once
+                # it answers: the cluster closes only then, and after an outage once the server holds the
+                # record or RESEND_S have passed (their clients send again every 30 s)
+                wait_until_up()
+                if outages_begun() > self._outages_at_start:
+                    wait_until_recorded(flow_run.get_id(), self.task_runs, timeout_s=RESEND_S, quiet=True)
+        finally:  # also when the server watch ends the run meanwhile: the cluster closes all the same
+            suppressed = self._stack.__exit__(*exc)
         if exc[0] is None and self.task_runs:
             # the flow run ends Completed only once the server shows every task run it started
-            self._to_record = (flow_run.get_id(), self.task_runs, after_outage)
+            self._to_record = (flow_run.get_id(), self.task_runs)
             if not self.record_later:
                 self.wait_recorded()
         return suppressed
@@ -124,11 +127,15 @@ class DaskExecutor:
         pending, self._to_record = self._to_record, None
         if pending is None:
             return True
-        flow_run_id, expected, after_outage = pending
-        if after_outage:
-            sent = record_from_markers(self._shard_dirs, flow_run_id)
-            if sent:
-                self.log.warning("recorded %d shard(s) from their done markers: the outage hid them", sent)
+        flow_run_id, expected = pending
+        # while the recorder catches up (a busy server), up to RECORD_MAX_S; once nothing more arrives for
+        # STALL_S, what is missing was lost on the way (workers cut off from the API, their clients'
+        # buffers gone with the cluster, or an outage): it is sent from the shards' done markers
+        if wait_until_recorded(flow_run_id, expected, timeout_s=RECORD_MAX_S, stall_s=STALL_S, quiet=True):
+            return True
+        sent = record_from_markers(self._shard_dirs, flow_run_id)
+        if sent:
+            self.log.warning("recorded %d shard(s) from their done markers: their own reports were lost", sent)
         return wait_until_recorded(flow_run_id, expected)
 
     def build_env(self, stage: Stage) -> dict:

@@ -37,7 +37,10 @@ LONGEST_FIRST = (
     "tests/integration/test_stage_jobs_slurm.py",  # ~150 s (estimated): a placed train and infer on SLURM
     "tests/integration/test_browser_ui.py",  # 110 s
     "tests/integration/test_real_oar.py",  # 86 s
-    "tests/integration/test_server_faults.py",  # ~90 s: servers SIGKILLed mid-run
+    "tests/integration/test_server_outage.py",  # ~150 s: a lab's server restarted mid-run, twice, a driver killed
+    "tests/integration/test_deployment_outage.py",  # ~120 s (estimated): a deployment's run outliving a restart
+    "tests/integration/test_server_faults.py",  # ~120 s: servers SIGKILLed mid-run, one past api_outage_s
+    "tests/integration/test_worker_api_cutoff.py",  # ~90 s (estimated): workers cut off from the API
     "tests/integration/test_server_ui.py",  # 82 s
     "tests/integration/test_lab_server.py",  # ~120 s (estimated): two deploy-local --postgres starts
 )

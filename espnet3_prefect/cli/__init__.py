@@ -90,6 +90,32 @@ def _leave_now(status: int) -> None:
     os._exit(status)
 
 
+def busy_line(exc: BaseException) -> str | None:
+    """For a Prefect API call that a busy server kept turning away (429, 503) past the client's retries,
+    the line that says so; None for anything else.
+
+    >>> import httpx
+    >>> request = httpx.Request("POST", "http://127.0.0.1:4200/api/flow_runs/")
+    >>> line = busy_line(httpx.HTTPStatusError("", request=request, response=httpx.Response(503, request=request)))
+    >>> line.split(" to ")[0]
+    'the Prefect server at http://127.0.0.1:4200/api is busy: it answered 503 Service Unavailable'
+    >>> busy_line(ValueError("no")) is None
+    True
+    """
+    response = getattr(exc, "response", None)
+    request = getattr(exc, "request", None) or getattr(response, "request", None)
+    status = getattr(response, "status_code", None)
+    if status not in (429, 503) or request is None:
+        return None
+    url = request.url
+    api = url.path[: url.path.index("/api") + 4] if "/api" in url.path else ""
+    return (
+        f"the Prefect server at {url.scheme}://{url.netloc.decode()}{api} is busy: it answered {status} "
+        f"{response.reason_phrase} to {request.method} {url.path}; the client's retries "
+        "(PREFECT_CLIENT_MAX_RETRIES) are spent, nothing was lost: run the same command again once it is less busy"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -120,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _leave_now(130)
         return 130
     except Exception as exc:  # a failed flow run: Prefect already logged the details
-        print(f"error: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
+        print(f"error: {busy_line(exc) or f'{type(exc).__name__}: {one_line(exc)}'}", file=sys.stderr)
         return 1
     if argv is None and args.handler in _DONE_WHEN_RETURNED:
         _leave_done(status)

@@ -28,6 +28,7 @@ from espnet3_prefect._internal.proc import pid_alive, stop_tree
 from espnet3_prefect._internal.util import read_json
 from espnet3_prefect.cli.common import SwitchCommand, add_auth_switch, add_server_options, add_tls_switch
 from espnet3_prefect.errors import ConfigError, Espnet3PrefectError
+from espnet3_prefect.execution.api_reach import PATIENT_RETRIES
 from espnet3_prefect.server.postgres import STATE_SUBDIR
 
 DEFAULT_POOL = "espnet3-local"
@@ -311,10 +312,15 @@ def deploy_local(args: argparse.Namespace) -> int:
     log = home / "worker.log"
     with open(log, "ab") as handle:
         # the worker looks for runs every WORKER_QUERY_S (Prefect's default 10 s): a run a checkpoint
-        # event created starts within that (a user's own setting wins)
+        # event created starts within that. Its API calls (and its flow runs') are retried as a run's
+        # on a server not its own: with Prefect's 5 retries (~1 min a call) its poll loop gives up after
+        # 12 failed polls (~13 min) and the worker exits, ending its flow runs, before a run would stop
+        # waiting (parallel.api_outage_s, 15 min). A user's own settings win.
+        mine = ("PREFECT_WORKER_QUERY_SECONDS", "PREFECT_CLIENT_MAX_RETRIES")
         worker_env = {
             "PREFECT_WORKER_QUERY_SECONDS": str(WORKER_QUERY_S),
-            **{k: v for k, v in os.environ.items() if k == "PREFECT_WORKER_QUERY_SECONDS"},
+            "PREFECT_CLIENT_MAX_RETRIES": str(PATIENT_RETRIES),
+            **{k: v for k, v in os.environ.items() if k in mine},
             **env,
         }
         worker = subprocess.Popen(

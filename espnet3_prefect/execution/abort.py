@@ -1,12 +1,14 @@
 """How a watch stops the run it watches: one :class:`Abort` per watch, the one way each of them ends a run.
 
-Three watches can decide, from their own thread, that a run cannot go on: the server watch (the run's
-server gone, or another past ``parallel.api_outage_s``: :mod:`espnet3_prefect.server.watch`), the
-no-worker watch (every Dask worker gone for good: :mod:`espnet3_prefect.execution.worker_watch`) and
+Four watches can decide, from their own thread, that a run cannot go on: the server watch (the run's
+server gone, or another past ``parallel.api_outage_s``: :mod:`espnet3_prefect.execution.server_watch`),
+the no-worker watch (every Dask worker gone for good: :mod:`espnet3_prefect.execution.worker_watch`),
 the job watcher (a batch scheduler that never gives the run a worker:
-:mod:`espnet3_prefect.execution.backends.watcher`). Each fires its abort with the one-line error the
-run ends on; the abort runs, once, what ends the wait the flow is blocked in (cancel the Dask futures it
-waits on, close its Dask client, interrupt the main thread), and the flow raises :attr:`Abort.error`.
+:mod:`espnet3_prefect.execution.backends.watcher`) and the cancel watch (a cancel from the UI:
+:mod:`espnet3_prefect.execution.cancel_watch`). Each fires its abort with the one-line error the run
+ends on; the abort runs, once, what ends the wait the flow is blocked in (cancel the Dask futures it
+waits on, close its Dask client, interrupt the main thread, cancel a stage's job), and the flow raises
+:attr:`Abort.error` or its own error naming the same cause.
 
 The first fire wins; a second fire, and any fire after :meth:`Abort.close` (the watch stopped: the run
 is past the block the watch guarded, in its cleanup or done), does nothing. A watch whose last probe

@@ -14,10 +14,14 @@ run's children that did not finish in ``Cancelled``.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from espnet3_prefect.errors import Espnet3PrefectError
+from espnet3_prefect.execution.abort import Abort
 
 log = logging.getLogger("espnet3_prefect")
 
@@ -34,6 +38,8 @@ class CancelWatch:
         #: the name of the run whose cancel was seen
         self.by: str | None = None
         self._done = threading.Event()
+        #: the watch's way to stop the run, once, never after its exit (:mod:`~espnet3_prefect.execution.abort`)
+        self.abort = Abort(self._stop_the_run)
         # the thread asks the API this thread's Prefect settings name (a context, not the environment)
         context = contextvars.copy_context()
         self._thread = threading.Thread(target=context.run, args=(self._watch,), name="e3p-cancel-watch", daemon=True)
@@ -43,6 +49,7 @@ class CancelWatch:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.abort.close()
         self._done.set()
         self._thread.join(self.poll_s + 35)  # a poll in flight ends within the client's timeout
 
@@ -56,13 +63,19 @@ class CancelWatch:
                 except Exception as exc:  # the server is away: ask again at the next poll
                     log.debug("cancel watch: %r", exc)
                     continue
-                if found is not None and not self._done.is_set():
-                    self.by = found
-                    self.event.set()
-                    log.warning("the flow run %r was cancelled: stopping the recipe", found)
-                    if self.on_cancel is not None:
-                        self.on_cancel()
+                if found is not None:
+                    error = Espnet3PrefectError(f"the flow run {found!r} was cancelled")
+                    self.abort.fire(error, functools.partial(self._saw, found))
                     return
+
+    def _saw(self, found: str) -> None:
+        self.by = found
+        self.event.set()
+        log.warning("the flow run %r was cancelled: stopping the recipe", found)
+
+    def _stop_the_run(self) -> None:
+        if self.on_cancel is not None:
+            self.on_cancel()
 
 
 def cancelled_run(client: Any, flow_run_id: Any) -> str | None:

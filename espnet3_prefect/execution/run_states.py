@@ -160,12 +160,19 @@ def count_task_runs(post: Callable[[dict], int], flow_run_id=None) -> tuple[int,
 
 
 def wait_until_recorded(
-    flow_run_id, expected: int, *, timeout_s: float = 10.0, poll_s: float = 0.1, quiet: bool = False
+    flow_run_id,
+    expected: int,
+    *,
+    timeout_s: float = 10.0,
+    poll_s: float = 0.1,
+    quiet: bool = False,
+    stall_s: float | None = None,
 ) -> bool:
     """Wait until the server holds at least ``expected`` task runs of the flow run ``flow_run_id``, none
     of them in a state that is not final (:func:`count_task_runs`); True once it does, False after
-    ``timeout_s`` (one warning line, unless ``quiet``) or when the server cannot be asked (the run's own result is never
-    held up by this).
+    ``timeout_s`` (one warning line, unless ``quiet``), after ``stall_s`` (when given) in which no more
+    of them became final (the rest are not coming: their events were lost), or when the server cannot
+    be asked (the run's own result is never held up by this).
 
     A task run's states reach the server as events that its recorder writes asynchronously (batched:
     up to a second later on every server we start, :mod:`espnet3_prefect.server.services`; much later
@@ -189,11 +196,15 @@ def wait_until_recorded(
             def post(body: dict) -> int:
                 return client.request("POST", "/task_runs/count", json=body).json()
 
+            grew_at, last = time.monotonic(), -1
             while True:
                 total, done = count_task_runs(post, flow_run_id)
                 if done >= expected and total == done:
                     return True
-                if time.monotonic() + poll_s > deadline:
+                now = time.monotonic()
+                if done != last:
+                    grew_at, last = now, done
+                if now + poll_s > deadline or (stall_s is not None and now - grew_at >= stall_s):
                     break
                 time.sleep(poll_s)
     except Exception as exc:  # noqa: BLE001 - a report of the record, never the run's outcome

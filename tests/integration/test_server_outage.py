@@ -63,17 +63,19 @@ class Server:
         stop_server(self.pid)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture
 def lab(request, tmp_path):
+    """The lab's server: SQLite, or PostgreSQL where a test asks for it (``indirect`` parameter)."""
     from tests.helpers.prefect_db import seed
 
     database = None
-    if request.param == "postgres":
+    kind = getattr(request, "param", "sqlite")
+    if kind == "postgres":
         from tests.helpers.postgres import fresh_database
 
         database = fresh_database()
     server = Server(seed(tmp_path / "lab"), database)
-    server.graceful = request.param == "postgres"
+    server.graceful = kind == "postgres"
     try:
         yield server
     finally:
@@ -110,6 +112,7 @@ def _record(server: Server, flow_run_id: str | None = None) -> tuple[dict, list[
     return run, [t for t in task_runs if t["name"].startswith("run-shard-test_a-")]
 
 
+@pytest.mark.parametrize("lab", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
 def test_a_lab_server_restarted_mid_run_costs_no_work_and_no_record(tmp_path, lab):
     out = tmp_path / "inference/test_a"
     proc = _start(tmp_path, lab.url)
@@ -141,8 +144,6 @@ def test_a_lab_server_restarted_mid_run_costs_no_work_and_no_record(tmp_path, la
 
 
 def test_a_driver_killed_during_an_outage_leaves_its_record_to_the_rerun(tmp_path, lab):
-    if lab.graceful:
-        pytest.skip("one database is enough: the record is written by the re-run, whatever keeps it")
     out = tmp_path / "inference/test_a"
     proc = _start(tmp_path, lab.url)
     _wait_for_done(out, 4, proc)
