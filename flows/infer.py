@@ -98,7 +98,7 @@ def _publish(summaries: list[dict], recorded: Callable[[], Any] | None) -> None:
 @contextlib.contextmanager
 def _meanwhile(work: Callable[[], Any] | None) -> Iterator[None]:
     """``work()`` in a thread (in this thread's context: the flow run's API and logger) while the block
-    runs; the block's end waits for it (it is bounded: ``wait_until_recorded`` gives up after 10 s)."""
+    runs; the block's end waits for it (it is bounded: ``DaskExecutor.wait_recorded``, about 80 s at most)."""
     if work is None:
         yield
         return
@@ -107,7 +107,7 @@ def _meanwhile(work: Callable[[], Any] | None) -> Iterator[None]:
     try:
         yield
     finally:
-        thread.join(60)
+        thread.join(120)  # the record wait: up to 60 s while it grows, then what the markers send (dispatch.py)
 
 
 def _warm_summary() -> None:
