@@ -28,7 +28,7 @@ from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.duration import caveat
 from espnet3_prefect.pipeline.report import CONSOLE_OFF, format_summary, publish_summary, quiet_console
 from espnet3_prefect.pipeline.resume import already_complete
-from espnet3_prefect.pipeline.run_lock import take_run_lock
+from espnet3_prefect.pipeline.run_lock import release_run_lock, take_run_lock
 from espnet3_prefect.pipeline.run_plan import RunPlan, plan_run
 
 
@@ -80,7 +80,7 @@ def infer(
             logger.warning(caveat(keyed.max_duration, whole_test_set=keyed.length_order))
         summaries, recorded = _run_stages(plan, logger)
     finally:
-        lock.release()
+        release_run_lock(lock, stages[0].layout.run_lock_dir)
     _publish(summaries, recorded)
     logger.info("summary:\n%s", format_summary(summaries), extra=CONSOLE_OFF)  # the CLI prints it on stdout
     return summaries

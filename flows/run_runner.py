@@ -24,7 +24,7 @@ from espnet3_prefect.flows.workers import FORKSERVER_PRELOAD, TASK_PRELOAD, stag
 from espnet3_prefect.pipeline.driver import drive_stage
 from espnet3_prefect.pipeline.duration import caveat
 from espnet3_prefect.pipeline.report import format_summary, quiet_console, summary_rows
-from espnet3_prefect.pipeline.run_lock import take_run_lock
+from espnet3_prefect.pipeline.run_lock import release_run_lock, take_run_lock
 
 KIND = "run-runner"
 
@@ -82,7 +82,7 @@ def run_runner(job: Any) -> Any:
         ) as executor:
             summary, result = drive_stage(stage, executor, shards=job.shards)
     finally:
-        lock.release()
+        release_run_lock(lock, layout.root)
     _publish(summary.to_dict())
     logger.info("summary: %s", format_summary([summary.to_dict()]))
     return result

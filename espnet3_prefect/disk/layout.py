@@ -34,6 +34,8 @@ MANIFEST_NAME = "manifest.json"
 FAILURES_NAME = "failures.jsonl"
 MERGED_RECORD_NAME = ".merged.json"
 RUN_LOCK_NAME = ".espnet3-prefect.lock"
+#: beside the run lock: a run that ended because its Prefect server stayed away, and what it left unreported
+UNREPORTED_NAME = ".espnet3-prefect.unreported.json"
 JOB_LOGS_DIR_NAME = ".dask-jobs"
 #: in inference_dir: each test set's item lengths read from its audio headers (espnet3_prefect.pipeline.lengths)
 LENGTHS_CACHE_DIR_NAME = ".lengths-cache"

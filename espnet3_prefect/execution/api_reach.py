@@ -28,6 +28,8 @@ class Reach(Protocol):
     outage_s: float | None
     #: outages begun so far (each one that the watch said)
     outages_begun: int
+    #: the one line, once the watch ended the run because the server stayed away
+    reason: str | None
 
     @property
     def waits(self) -> bool:
@@ -72,6 +74,12 @@ def outages_begun() -> int:
     saw one compares it before and after, and then makes its record whole."""
     watch = _current
     return 0 if watch is None else watch.outages_begun
+
+
+def server_gone() -> str | None:
+    """The line the watch ended the run on, once it declared the server gone (else None)."""
+    watch = _current
+    return None if watch is None else watch.reason
 
 
 def server_out() -> bool:

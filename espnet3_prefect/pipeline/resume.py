@@ -13,7 +13,7 @@ import shutil
 import time
 from collections.abc import Callable
 
-from espnet3_prefect.disk.layout import StageLayout
+from espnet3_prefect.disk.layout import UNREPORTED_NAME, StageLayout
 from espnet3_prefect.disk.marker import check_marker
 from espnet3_prefect.errors import ConfigError
 from espnet3_prefect.pipeline.merge import merged_outputs_intact, read_merged_record
@@ -136,6 +136,8 @@ def all_complete(stages: list[Stage], sizing_of: Callable[[Stage], Sizing | None
     from espnet3_prefect.pipeline.sizing import size_on_driver
 
     sizing_of = sizing_of or size_on_driver
+    if any((stage.layout.run_lock_dir / UNREPORTED_NAME).exists() for stage in stages):
+        return None  # an earlier run ended without its server: the flow run records what it left
     summaries = []
     for stage in stages:
         record = read_merged_record(stage.layout)

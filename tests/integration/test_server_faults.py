@@ -114,10 +114,33 @@ def test_a_users_own_server_gone_longer_than_api_outage_s_ends_the_run_on_one_li
         assert stderr.count("is unreachable since") == 1, stderr[-3000:]
         server.wait(30)
         done_before = {int(p.parent.name.split(".")[1]) for p in out.glob("split.*/done")}
+        note = tmp_path / "inference/.espnet3-prefect.unreported.json"
+        first_run = json.loads(note.read_text())["flow_run_id"]  # what it could not report, for the next run
         server, url = start_server(home, ui=False, port=int(url.rsplit(":", 1)[1].split("/")[0]))
         _rerun_finishes(path, tmp_path, env, done_before)
+        assert not note.exists()
+        # the re-run ended the first run's record: Crashed, with every shard it finished Completed in it
+        run = _post(url, f"flow_runs/{first_run}", None)
+        assert run["state_type"] == "CRASHED" and "without its Prefect server" in run["state"]["message"], run["state"]
+        deadline = time.monotonic() + 30
+        while True:
+            shards = _post(url, "task_runs/filter", {"flow_runs": {"id": {"any_": [first_run]}}, "limit": 200})
+            completed = {t["name"] for t in shards if t["state_type"] == "COMPLETED" and "test_a-" in t["name"]}
+            if len(completed) >= len(done_before) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert len(completed) >= len(done_before), (sorted(completed), sorted(done_before))
     finally:
         stop_server(server.pid)
+
+
+def _post(api_url: str, path: str, body: dict | None):
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{api_url}/{path}", data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.load(resp)
 
 
 class _Health:
