@@ -27,6 +27,8 @@ FSDD = ROOT.parent / "shared" / "data" / "fsdd" / "recordings"
 LONGEST_FIRST = (
     # estimated, not yet timed in CI: its one test on SQLite (221 s) and on PostgreSQL
     "tests/integration/test_checkpoint_events.py",  # ~440 s
+    # estimated: a lab's server restarted mid-run 4 ways (one outage of 2 min), a driver killed in one
+    "tests/integration/test_server_outage.py",  # ~350 s
     "tests/parity/test_parity.py",  # 325 s
     "tests/integration/test_deployments.py",  # 230 s on SQLite, + ~35 s on PostgreSQL (estimated)
     "tests/integration/test_real_backends.py",  # 294 s, mostly waiting on SLURM's walltime
@@ -37,7 +39,6 @@ LONGEST_FIRST = (
     "tests/integration/test_stage_jobs_slurm.py",  # ~150 s (estimated): a placed train and infer on SLURM
     "tests/integration/test_browser_ui.py",  # 110 s
     "tests/integration/test_real_oar.py",  # 86 s
-    "tests/integration/test_server_outage.py",  # ~150 s: a lab's server restarted mid-run, twice, a driver killed
     "tests/integration/test_deployment_outage.py",  # ~120 s (estimated): a deployment's run outliving a restart
     "tests/integration/test_server_faults.py",  # ~120 s: servers SIGKILLed mid-run, one past api_outage_s
     "tests/integration/test_worker_api_cutoff.py",  # ~90 s (estimated): workers cut off from the API

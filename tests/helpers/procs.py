@@ -28,6 +28,21 @@ def cli_env(home: Path) -> dict[str, str]:
     return env
 
 
+def start_infer(config: Path, cwd: Path, env: dict[str, str], **popen) -> subprocess.Popen:
+    """``espnet3-prefect infer --config CONFIG`` started in a process group of its own (its workers with
+    it), stdout and stderr piped as text; ``popen``: more ``subprocess.Popen`` arguments."""
+    return subprocess.Popen(
+        [*CLI, "infer", "--config", str(config)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
+
+
 def copy_project(dest: Path) -> Path:
     """A copy of what ``deploy-local`` deploys (prefect.yaml, flows/, recipes/, deployments/) in ``dest/project``."""
     import shutil

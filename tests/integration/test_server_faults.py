@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.conftest import toy_config, write_yaml
-from tests.helpers.procs import CLI, cli_env
+from tests.helpers.procs import CLI, cli_env, start_infer
 from tests.helpers.toy import read_lines
 
 pytestmark = pytest.mark.slow
@@ -33,16 +33,7 @@ def _slow_toy(tmp_path, **parallel):
 def _start_cli(path, tmp_path, env, sigint):
     """The CLI as a terminal starts it (``sigint`` SIG_DFL) or as ``nohup ... &`` does (SIG_IGN,
     inherited and kept by Python): the watch ends the run the same way in both."""
-    return subprocess.Popen(
-        [*CLI, "infer", "--config", str(path)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
-    )
+    return start_infer(path, tmp_path, env, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
 def _wait_for_done(out, n: int, proc, timeout_s: float = 240) -> None:

@@ -6,7 +6,6 @@ skip (fail in CI, where ``E3P_REQUIRE_REDIS=1``).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import toy_config, write_yaml
+from tests.helpers.lab_server import require_redis
 from tests.helpers.prefect_db import seed
 from tests.helpers.procs import CLI, ROOT, pid_alive, wait_for
 
@@ -24,19 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(autouse=True)
 def redis_available():
-    missing = [
-        what
-        for what, there in (
-            ("redis-server (apt-get install redis-server)", shutil.which("redis-server")),
-            ("prefect-redis (pip install 'espnet3-prefect[lab]')", importlib.util.find_spec("prefect_redis")),
-        )
-        if not there
-    ]
-    if missing:
-        message = f"not installed: {', '.join(missing)}"
-        if os.environ.get("E3P_REQUIRE_REDIS") == "1":
-            pytest.fail(message + "; E3P_REQUIRE_REDIS=1")
-        pytest.skip(message)
+    require_redis()
 
 
 def run_infer(tmp_path: Path, api_url: str, name: str, shards: int) -> subprocess.CompletedProcess:
