@@ -92,12 +92,16 @@ def stop_process(
 
 
 def _reaped(proc: psutil.Process, timeout_s: float) -> bool:
-    """True, once a zombie that is not our child has been reaped by its parent (init, within
+    """True, once a zombie has been reaped: here when it is our child, else by its parent (init, within
     milliseconds), or after ``timeout_s``: callers that then ask whether the pid exists
     (``servers --stop``, the tests) see it gone, as they did when the stop waited on the pid itself."""
     deadline = time.monotonic() + timeout_s
     # is_running: a zombie still counts, a process that took its pid since does not
-    while time.monotonic() < deadline and proc.is_running():
+    while proc.is_running():
+        with contextlib.suppress(psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError):
+            proc.wait(0)  # a child of ours that became a zombie since it was last looked at: reaped here
+        if not proc.is_running() or time.monotonic() >= deadline:
+            break
         time.sleep(POLL_S)
     return True
 
