@@ -208,9 +208,7 @@ def outage_row(kind: str, gap_s: float, work: Path) -> dict:
         out = work / "inference/test_a"
         proc = start_run(work, write_config(work), server.url)
         t0 = time.monotonic()
-        while done_count(out) < 4 and proc.poll() is None and time.monotonic() - t0 < 300:
-            time.sleep(0.05)
-        row["done_at_down"] = done_count(out)
+        row["done_at_down"] = wait_for_shards(out, proc, 4)
         t_down = time.monotonic()
         server.down()
         row["stop_s"] = time.monotonic() - t_down
@@ -242,6 +240,14 @@ def outage_row(kind: str, gap_s: float, work: Path) -> dict:
     return row
 
 
+def wait_for_shards(out: Path, proc, n: int, timeout_s: float = 300) -> int:
+    """Wait until ``n`` shards under ``out`` are done (or the run ended, or ``timeout_s``); how many are."""
+    started = time.monotonic()
+    while done_count(out) < n and proc.poll() is None and time.monotonic() - started < timeout_s:
+        time.sleep(0.05)
+    return done_count(out)
+
+
 def past_outage_row(work: Path, api_outage_s: float = 20.0, gap_s: float = 40.0) -> dict:
     """An outage (SQLite, SIGKILL) longer than ``parallel.api_outage_s``: the run ends exit 1 on one
     line; after the restart a re-run completes."""
@@ -253,10 +259,7 @@ def past_outage_row(work: Path, api_outage_s: float = 20.0, gap_s: float = 40.0)
         out = work / "inference/test_a"
         config = write_config(work, api_outage_s=api_outage_s)
         proc = start_run(work, config, server.url)
-        t0 = time.monotonic()
-        while done_count(out) < 4 and proc.poll() is None and time.monotonic() - t0 < 300:
-            time.sleep(0.05)
-        row["done_at_down"] = done_count(out)
+        row["done_at_down"] = wait_for_shards(out, proc, 4)
         t_down = time.monotonic()
         server.down()
         while proc.poll() is None and time.monotonic() - t_down < gap_s:

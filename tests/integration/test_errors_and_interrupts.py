@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import toy_config, write_yaml
-from tests.helpers.procs import CLI
+from tests.helpers.procs import CLI, start_infer
 from tests.helpers.toy import read_lines
 
 pytestmark = pytest.mark.slow
@@ -59,16 +59,7 @@ def test_ctrl_c_keeps_every_finished_shard(tmp_path):
     # (as `nohup ... &` users expect) and the CLI would never see it: the child gets the default.
     # A terminal's Ctrl-C goes to its whole foreground process group (the local workers too): the CLI
     # runs in a group of its own here, and the group gets the signal.
-    proc = subprocess.Popen(
-        [*CLI, "infer", "--config", str(path)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = start_infer(path, tmp_path, env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     out = tmp_path / "inference/test_a"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(list(out.glob("split.*/done"))) < 3 and proc.poll() is None:
